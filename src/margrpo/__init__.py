@@ -1,0 +1,1 @@
+"""MAR-GRPO: stabilized GRPO for masked-autoregressive image generators."""
