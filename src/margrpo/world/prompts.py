@@ -1,0 +1,254 @@
+"""Prompt sets, train / held-out splits, JSONL I/O and scene sampling.
+
+Splits are disjoint in combinations, not seeds: every purpose (GenEval tag or T2I
+category, see grammar.purpose_of) has a finite set of combinations (metadata without the
+prompt text). Each combination gets a stable SHA-256 hash of its canonical JSON; within its
+purpose the 20% with the lowest hashes (at least one) are held out. So a combination is
+in exactly one split on every machine and Python version, and small purposes
+(single_object has 3 combinations) still appear in both splits.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from margrpo.world.grammar import (COLORS, GENEVAL_TAGS, MAX_OBJECTS, RELATIONS, SHAPES,
+                                   SIZES, T2I_CATEGORIES, TEXTURES, make_meta)
+from margrpo.world.render import Scene, SceneObject, max_jitter
+
+HELDOUT_FRACTION = 0.2
+# One pool per purpose. T2I "color" has no pool of its own: its prompts are the
+# color_attr prompts (same text, both labels), so balancing over PURPOSES gives every
+# tag and every category n_per_tag prompts.
+PURPOSES = GENEVAL_TAGS + tuple(c for c in T2I_CATEGORIES if c != "color")
+SPLITS = ("train", "heldout")
+CORRUPTIONS = ("wrong_color", "wrong_shape", "wrong_count", "swapped_relation",
+               "missing_object", "wrong_texture", "wrong_size")
+
+
+def canonical_key(meta: dict[str, Any]) -> str:
+    body = {k: meta.get(k) for k in ("tag", "category", "include", "exclude")}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _hash(meta: dict[str, Any]) -> int:
+    return int.from_bytes(hashlib.sha256(canonical_key(meta).encode()).digest()[:8], "big")
+
+
+def _pairs():
+    return list(itertools.permutations(SHAPES, 2))
+
+
+def _attr_options(max_attrs: int) -> list[dict[str, str]]:
+    """Attribute dicts with 1..max_attrs of size / texture / colour."""
+    out = []
+    for size, tex, col in itertools.product((None,) + SIZES, (None,) + TEXTURES, (None,) + tuple(COLORS)):
+        d = {k: v for k, v in (("size", size), ("texture", tex), ("color", col)) if v}
+        if 1 <= len(d) <= max_attrs:
+            out.append(d)
+    return out
+
+
+def _obj(shape: str, count: int = 1, **attrs) -> dict[str, Any]:
+    return {"class": shape, "count": count, **attrs}
+
+
+def _rel(a: dict, b: dict, rel: str, style: str) -> dict[str, Any]:
+    """"A rel B" in GenEval order: B first, A carries the position."""
+    return make_meta([b, {**a, "position": [rel, 0]}], style)
+
+
+def _enumerate(purpose: str) -> list[dict[str, Any]]:
+    colors = tuple(COLORS)
+    if purpose == "single_object":
+        return [make_meta([_obj(s)]) for s in SHAPES]
+    if purpose == "two_object":
+        return [make_meta([_obj(a), _obj(b)]) for a, b in _pairs()]
+    if purpose == "counting":
+        return [make_meta([_obj(s, n)]) for s in SHAPES for n in (2, 3, 4)]
+    if purpose == "colors":
+        return [make_meta([_obj(s, color=c)]) for s in SHAPES for c in colors]
+    if purpose == "position":
+        return [_rel(_obj(a), _obj(b), r, "geneval") for a, b in _pairs() for r in RELATIONS]
+    if purpose == "color_attr":
+        return [make_meta([_obj(a, color=ca), _obj(b, color=cb)])
+                for a, b in _pairs() for ca, cb in itertools.permutations(colors, 2)]
+    if purpose in ("shape", "texture"):
+        key, values = ("size", SIZES) if purpose == "shape" else ("texture", TEXTURES)
+        return [make_meta([_obj(a, **{key: va}), _obj(b, **{key: vb})])
+                for a, b in _pairs() for va, vb in itertools.product(values, values)]
+    if purpose == "spatial":
+        out = [_rel(_obj(a), _obj(b), r, "t2i") for a, b in _pairs() for r in RELATIONS]
+        out += [_rel(_obj(a, color=ca), _obj(b, color=cb), r, "t2i") for a, b in _pairs()
+                for r in RELATIONS for ca, cb in itertools.permutations(colors, 2)]
+        return out
+    if purpose == "complex":
+        # Each phrase carries one or two attributes; keep only combinations that are not
+        # already a simpler category (colour-only relations are spatial, etc.).
+        opts = _attr_options(2)
+        out = []
+        for (a, b), oa, ob in itertools.product(_pairs(), opts, opts):
+            for rel in (None,) + RELATIONS:
+                m = make_meta([_obj(a, **oa), _obj(b, **ob)]) if rel is None else \
+                    _rel(_obj(a, **oa), _obj(b, **ob), rel, "t2i")
+                if m["category"] == "complex":
+                    out.append(m)
+        return out
+    if purpose == "numeracy":
+        counts = [(2, 1), (1, 2), (3, 1), (1, 3), (2, 2)]
+        return [make_meta([_obj(a, ca), _obj(b, cb)]) for a, b in _pairs() for ca, cb in counts]
+    raise ValueError(f"unknown purpose {purpose!r}; purposes: {', '.join(PURPOSES)}")
+
+
+@lru_cache(maxsize=None)
+def _split_pools(purpose: str) -> dict[str, tuple[str, ...]]:
+    metas = sorted(_enumerate(purpose), key=_hash)
+    n_held = max(1, math.ceil(HELDOUT_FRACTION * len(metas)))
+    as_json = [json.dumps(m) for m in metas]
+    return {"heldout": tuple(as_json[:n_held]), "train": tuple(as_json[n_held:])}
+
+
+def combinations(purpose: str, split: str) -> list[dict[str, Any]]:
+    """All combinations of a purpose in a split (fresh dicts, stable order)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return [json.loads(s) for s in _split_pools(purpose)[split]]
+
+
+def split_of(meta: dict[str, Any]) -> str:
+    """The split a combination belongs to."""
+    purpose = meta["tag"] if meta.get("tag") else meta["category"]
+    key = canonical_key(meta)
+    pools = _split_pools(purpose)
+    for split in SPLITS:
+        if any(canonical_key(json.loads(s)) == key for s in pools[split]):
+            return split
+    raise ValueError(f"{meta.get('prompt')!r} is not a combination of purpose {purpose!r}")
+
+
+def make_prompt_set(split: str, n_per_tag: int, seed: int) -> list[dict[str, Any]]:
+    """n_per_tag prompts for every purpose (so n per GenEval tag and per T2I category),
+    drawn without replacement; a purpose with fewer combinations than n_per_tag cycles
+    through fresh permutations of its pool, so small pools repeat prompts."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for purpose in PURPOSES:
+        pool = combinations(purpose, split)
+        picks: list[int] = []
+        while len(picks) < n_per_tag:
+            picks += torch.randperm(len(pool), generator=gen).tolist()
+        out += [dict(pool[i]) for i in picks[:n_per_tag]]
+    return out
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------- scene sampling
+
+
+def _choice(options, gen: torch.Generator):
+    return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+
+def _objects_for(meta: dict[str, Any], gen: torch.Generator) -> list[tuple[int, dict[str, str]]]:
+    """(include index, attributes) per object; attributes the prompt leaves free are random."""
+    objs = []
+    for i, req in enumerate(meta["include"]):
+        for _ in range(req["count"]):
+            objs.append((i, {
+                "shape": req["class"],
+                "color": req.get("color") or _choice(tuple(COLORS), gen),
+                "texture": req.get("texture") or _choice(TEXTURES, gen),
+                "size": req.get("size") or _choice(SIZES, gen),
+            }))
+    return objs
+
+
+def _relation_cells(rel: str, gen: torch.Generator) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(cell of A, cell of B) for "A rel B": same row for left/right, same column otherwise."""
+    k = int(torch.randint(2, (1,), generator=gen))
+    return {"left of": ((k, 0), (k, 1)), "right of": ((k, 1), (k, 0)),
+            "above": ((0, k), (1, k)), "below": ((1, k), (0, k))}[rel]
+
+
+def _place(meta, objs, gen, size: int, swap: bool = False) -> Scene:
+    if len(objs) > MAX_OBJECTS:
+        raise ValueError(f"{len(objs)} objects do not fit the 2x2 grid")
+    inc = meta["include"]
+    rel = inc[1].get("position") if len(inc) == 2 else None
+    cells = [divmod(int(c), 2) for c in torch.randperm(4, generator=gen)[: len(objs)]]
+    present = {i for i, _ in objs}
+    if rel is not None and present == {0, 1} and len(objs) == 2:
+        cell_a, cell_b = _relation_cells(rel[0], gen)
+        if swap:
+            cell_a, cell_b = cell_b, cell_a
+        cells = [cell_a if i == 1 else cell_b for i, _ in objs]
+    scene = Scene()
+    for (_, attrs), cell in zip(objs, cells):
+        j = max_jitter(size, attrs["size"])
+        jit = torch.randint(-j, j + 1, (2,), generator=gen).tolist()
+        scene.objects.append(SceneObject(cell=tuple(cell), jitter=tuple(jit), **attrs))
+    return scene
+
+
+def sample_scenes(metadata_list: list[dict[str, Any]], generator: torch.Generator,
+                  size: int = 32) -> list[Scene]:
+    """One scene per prompt that satisfies it (only the named objects are drawn)."""
+    return [_place(m, _objects_for(m, generator), generator, size) for m in metadata_list]
+
+
+def corrupt_scene(meta: dict[str, Any], kind: str, generator: torch.Generator,
+                  size: int = 32) -> Scene | None:
+    """A scene that violates the prompt in one way, or None where `kind` does not apply
+    (e.g. wrong_color on a prompt that names no colour). Kinds: CORRUPTIONS."""
+    gen = generator
+    objs = _objects_for(meta, gen)
+    inc = meta["include"]
+    swap = False
+    if kind in ("wrong_color", "wrong_texture", "wrong_size"):
+        attr = kind.split("_")[1]
+        idx = [i for i, r in enumerate(inc) if attr in r]
+        if not idx:
+            return None
+        values = {"color": tuple(COLORS), "texture": TEXTURES, "size": SIZES}[attr]
+        target = inc[idx[0]][attr]
+        other = _choice([v for v in values if v != target], gen)
+        objs = [(i, {**a, attr: other}) if i == idx[0] else (i, a) for i, a in objs]
+    elif kind == "wrong_shape":
+        unused = [s for s in SHAPES if s not in {r["class"] for r in inc}]
+        new = _choice(unused, gen)
+        objs = [(i, {**a, "shape": new}) if i == 0 else (i, a) for i, a in objs]
+    elif kind == "wrong_count":
+        if not meta.get("exclude"):
+            return None  # without an exclude clause extra objects are allowed
+        i0 = next(i for i, r in enumerate(inc) if r["count"] > 1)
+        if len(objs) < MAX_OBJECTS:
+            objs.append(next(o for o in objs if o[0] == i0))
+        else:
+            objs.remove(next(o for o in objs if o[0] == i0))
+    elif kind == "swapped_relation":
+        if not (len(inc) == 2 and "position" in inc[1]):
+            return None
+        swap = True
+    elif kind == "missing_object":
+        objs.pop(int(torch.randint(len(objs), (1,), generator=gen)))
+    else:
+        raise ValueError(f"unknown corruption {kind!r}; kinds: {', '.join(CORRUPTIONS)}")
+    return _place(meta, objs, gen, size, swap=swap)
