@@ -6,3 +6,4 @@ Each module listed here must import only light dependencies at module level.
 import margrpo.rewards.aesthetic  # noqa: E402,F401
 import margrpo.rewards.clipscore  # noqa: E402,F401
 import margrpo.rewards.pickscore  # noqa: E402,F401
+import margrpo.rewards.remote  # noqa: E402,F401
