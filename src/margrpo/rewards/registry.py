@@ -9,3 +9,4 @@ import margrpo.rewards.pickscore  # noqa: E402,F401
 import margrpo.rewards.remote  # noqa: E402,F401
 import margrpo.rewards.hps  # noqa: E402,F401
 import margrpo.rewards.imagereward  # noqa: E402,F401
+import margrpo.rewards.vqascore  # noqa: E402,F401
