@@ -2,7 +2,8 @@
 of a 2x2 grid.
 
 Geometry at size H (cell = H/2 px): an object's "diameter" d (bounding-box side) is
-0.55 cell (small) or 0.85 cell (large). A circle has radius d/2, a square side d, a triangle
+0.55 cell (small) or 0.80 cell (large; 0.8 rather than 0.85 so that neighbours keep a
+3-px gap at 32 px, which a blurred generated image does not bridge). A circle has radius d/2, a square side d, a triangle
 points up with base d and height d. A pixel belongs to a shape when its centre does (hard
 edges: a pixel-patch model learns them easily and the detector reads them exactly).
 Striped objects alternate horizontal bands of the colour and the colour x 0.45, each band
@@ -17,7 +18,7 @@ import torch
 
 from margrpo.world.grammar import COLORS, SHAPES
 
-SIZE_FRACTION = {"small": 0.55, "large": 0.85}
+SIZE_FRACTION = {"small": 0.55, "large": 0.80}
 STRIPE_DARKNESS = 0.45
 _COLOR_NAMES = tuple(COLORS)
 _COLOR_TABLE = np.array([COLORS[c] for c in _COLOR_NAMES], dtype=np.float32)  # [5, 3]
@@ -49,12 +50,12 @@ def check_size(size: int) -> int:
 def max_jitter(size: int, obj_size: str) -> int:
     """Largest |jitter| (px) that keeps the object one pixel inside its cell.
 
-    The brief allows up to H/16; large objects (0.85 cell) would then touch their
-    neighbours, which merges them into one connected component, so their jitter shrinks
-    (to 0 at 32 px).
+    The world allows up to H/16; large objects would then touch their neighbours, which
+    merges them into one connected component, so their jitter shrinks (to 0 at 32 px).
+    The extra 0.5 px is the centre offset of odd-width shapes (see render).
     """
     cell = size / 2
-    room = int((cell - SIZE_FRACTION[obj_size] * cell) / 2 - 1)
+    room = int((cell - SIZE_FRACTION[obj_size] * cell) / 2 - 1.5)
     return max(0, min(size // 16, room))
 
 
@@ -74,9 +75,14 @@ def render(scenes: list[Scene], size: int = 32) -> torch.Tensor:
         bidx = np.array([b for b, _ in objs])
         row = np.array([o.cell[0] for _, o in objs])
         col = np.array([o.cell[1] for _, o in objs])
-        cy = np.array([cell / 2 + o.jitter[0] for _, o in objs], dtype=np.float32)  # [O] px in cell
-        cx = np.array([cell / 2 + o.jitter[1] for _, o in objs], dtype=np.float32)
-        r = np.array([SIZE_FRACTION[o.size] * cell / 2 for _, o in objs], dtype=np.float32)
+        d = np.array([SIZE_FRACTION[o.size] * cell for _, o in objs], dtype=np.float32)  # [O] px
+        # A shape about n px wide is centred on a pixel centre when n is odd and on a pixel
+        # corner when n is even, so its rasterisation is symmetric (a 9-px circle centred
+        # on a corner would come out as an 8x8 square with clipped corners).
+        offset = 0.5 * (np.round(d) % 2)
+        cy = np.array([cell / 2 + o.jitter[0] for _, o in objs], dtype=np.float32) + offset
+        cx = np.array([cell / 2 + o.jitter[1] for _, o in objs], dtype=np.float32) + offset
+        r = d / 2
         shape = np.array([SHAPES.index(o.shape) for _, o in objs])
         color = _COLOR_TABLE[[_COLOR_NAMES.index(o.color) for _, o in objs]]    # [O, 3]
         striped = np.array([o.texture == "striped" for _, o in objs])

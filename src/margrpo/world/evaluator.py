@@ -1,0 +1,95 @@
+"""WorldEvaluator: pixel detector + GenEval / T2I-CompBench rules + a dense partial score.
+
+score(images [B, 3, H, W], metadata) returns per-image float tensors [B]:
+- "geneval": 1.0 / 0.0 under GenEval's rules, NaN for prompts without a GenEval tag;
+- "t2i": T2I-CompBench-style category score in [0, 1], NaN for prompts without a category;
+- "partial": fraction of the prompt's requirements met, a denser reward than either:
+  per include clause, the share of the required count found and, per named attribute,
+  the share of those objects that carry it; per exclude clause, 1 if respected; per
+  relation, 1 if GenEval's relation rule holds for the matched objects;
+and "detections": list (per image) of Detection lists, for visualisation.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from margrpo.eval.detections import Detection
+from margrpo.eval.geneval import (ATTRIBUTE_KEYS, geneval_correct, geneval_summary,
+                                  group_detections, relative_position)
+from margrpo.eval.t2i import t2i_score
+from margrpo.world.detect import WorldDetector
+
+
+def partial_score(meta: dict, detections: list[Detection], threshold: float = 0.3) -> float:
+    """Fraction in [0, 1] of the prompt's requirements satisfied (see module docstring)."""
+    objects = group_detections(detections, threshold, max_per_class=16)
+    parts: list[float] = []
+    chosen: list[list[Detection]] = []
+    for req in meta["include"]:
+        # Prefer the detections that carry the most named attributes, then confidence, so
+        # that a wrong extra object does not hide a right one.
+        cands = sorted(objects.get(req["class"], []),
+                       key=lambda d: (-sum(d.attributes.get(k) == req[k] for k in ATTRIBUTE_KEYS if k in req),
+                                      -d.score))
+        found = cands[: req["count"]]
+        chosen.append(found)
+        parts.append(len(found) / req["count"])
+        for key in ATTRIBUTE_KEYS:
+            if key in req:
+                parts.append(sum(d.attributes.get(key) == req[key] for d in found) / req["count"])
+    for req in meta.get("exclude", []):
+        parts.append(float(len(objects.get(req["class"], [])) < req["count"]))
+    for i, req in enumerate(meta["include"]):
+        if "position" in req:
+            rel, target = req["position"]
+            ok = bool(chosen[i]) and bool(chosen[target]) and all(
+                rel in relative_position(a, b) for a in chosen[i] for b in chosen[target])
+            parts.append(float(ok))
+    return sum(parts) / len(parts)
+
+
+class WorldEvaluator:
+    def __init__(self, image_size: int = 32, threshold: float = 0.3,
+                 counting_threshold: float = 0.9):
+        self.detector = WorldDetector(image_size)
+        self.threshold = threshold
+        self.counting_threshold = counting_threshold
+
+    @torch.no_grad()
+    def score(self, images: torch.Tensor, metadata: list[dict]) -> dict:
+        if images.shape[0] != len(metadata):
+            raise ValueError(f"{images.shape[0]} images but {len(metadata)} metadata rows")
+        dets = self.detector(images)
+        n = len(metadata)
+        geneval = torch.full((n,), math.nan)
+        t2i = torch.full((n,), math.nan)
+        partial = torch.zeros(n)
+        reasons = [""] * n
+        for i, (meta, d) in enumerate(zip(metadata, dets)):
+            if meta.get("tag"):
+                ok, reasons[i] = geneval_correct(meta, d, threshold=self.threshold,
+                                                 counting_threshold=self.counting_threshold)
+                geneval[i] = float(ok)
+            if meta.get("category"):
+                t2i[i] = t2i_score(meta, d)
+            partial[i] = partial_score(meta, d, self.threshold)
+        return {"geneval": geneval, "t2i": t2i, "partial": partial,
+                "detections": dets, "reasons": reasons}
+
+    @staticmethod
+    def summarize(metadata: list[dict], scores: dict) -> dict[str, float]:
+        """Flat metric dict: eval/geneval/<tag>, eval/geneval/overall (mean of tag means),
+        eval/t2i/<category>, eval/partial."""
+        rows = [{"tag": m["tag"], "correct": float(scores["geneval"][i])}
+                for i, m in enumerate(metadata) if m.get("tag")]
+        out = {f"eval/geneval/{k}": v for k, v in geneval_summary(rows).items()} if rows else {}
+        t2i: dict[str, list[float]] = defaultdict(list)
+        for i, meta in enumerate(metadata):
+            if meta.get("category"):
+                t2i[meta["category"]].append(float(scores["t2i"][i]))
+        out.update({f"eval/t2i/{k}": sum(v) / len(v) for k, v in t2i.items()})
+        out["eval/partial"] = float(torch.as_tensor(scores["partial"]).float().mean())
+        return out
