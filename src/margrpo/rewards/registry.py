@@ -10,3 +10,4 @@ import margrpo.rewards.remote  # noqa: E402,F401
 import margrpo.rewards.hps  # noqa: E402,F401
 import margrpo.rewards.imagereward  # noqa: E402,F401
 import margrpo.rewards.vqascore  # noqa: E402,F401
+import margrpo.rewards.world  # noqa: E402,F401
