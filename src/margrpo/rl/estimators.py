@@ -1,0 +1,197 @@
+"""Multi-trajectory estimators of the policy term of a committed token (method.md §3.2).
+
+For one AR step, `draw_chains` returns, for the tokens selected by a mask, M chains per
+token with their weights and old log-probs. The loss then evaluates the current policy's
+transition log-probs on those chains and applies `ppo_clipped_term(logp_new, logp_old, A,
+clip, weight)` per chain; the chain terms of a token are summed (losses.py). At theta_old,
+d/dtheta sum_s w_s exp(logp_theta^(s) - logp_old^(s)) A = A * sum_s w_s * score_s, i.e.
+A times the estimator of d log p_theta(x0) / dtheta:
+
+- single: the rollout chain itself, w = 1 (one exact posterior sample: unbiased, noisy).
+- resample: M fresh chains from the same z drawn under the old policy, w = 1/M (the paper /
+  authors' code). They do not end in x0; measure what they estimate, do not assume it.
+- elbo: M chains of the forward process q(s_{0:T-1} | s_T = x0), w = 1/M: the gradient of
+  the diffusion ELBO; low variance but biased unless the head is the exact reverse of q.
+- posterior: the same q-chains with self-normalised importance weights
+  w_s ∝ p_old(s_{0:T}) / q(s_{0:T-1} | x0), p_old including the N(0, I) prior of s_0;
+  consistent (Fisher's identity), held fixed (no gradient).
+
+The model enters only through two callables, so the estimators run on a toy without a
+network (tests/test_estimators.py) and on any MARPolicy (`policy_callables`):
+- logp_fn(states [T+1, M, R, D], rows [R]) -> [T, M, R]: per-transition log-probs under the
+  policy of the given chains for the tokens `rows`.
+- sample_fn(noise [T+1, M, R, D], rows [R]) -> states [T+1, M, R, D]: chains drawn by the
+  policy from initial noise noise[0] and step noises noise[1:] (needed by `resample` only).
+rows is a flat index into the B * n tokens of the AR step (row-major over [B, n]).
+
+Call `draw_chains` while the parameters are still theta_old (before the first update of
+the rollout): logp_old and the posterior weights are computed under no_grad then, with the
+same callable that the loss uses, so the first-pass ratio is exactly 1 and the noise draws
+are common to the old and the new policy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from margrpo.models.chains import chain_log_probs, sample_chain
+from margrpo.models.protocol import MARPolicy
+from margrpo.models.samplers import LOG_2PI, GaussianSampler
+from margrpo.rl.losses import ppo_clipped_term
+
+ESTIMATORS = ("single", "resample", "elbo", "posterior")
+
+LogProbFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+SampleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ChainDraw:
+    """Chains of one AR step for the selected tokens (M = 1 for `single`).
+
+    states: [T+1, M, R, D]; states[T] is the committed token for single / elbo / posterior.
+    weights: [M, R], sum to 1 over M for every token.
+    logp_old: [T, M, R] transition log-probs under the old policy.
+    rows: [R] long, flat index into B * n.
+    ess: [R] effective sample size 1 / sum_s w_s^2 (M for uniform weights).
+    """
+
+    states: torch.Tensor
+    weights: torch.Tensor
+    logp_old: torch.Tensor
+    rows: torch.Tensor
+    ess: torch.Tensor
+
+    @property
+    def num_chains(self) -> int:
+        return self.weights.shape[0]
+
+
+def standard_normal_log_prob(x: torch.Tensor) -> torch.Tensor:
+    """log N(x; 0, I) over the last dim: the prior of the initial head state s_0."""
+    return -0.5 * x.float().pow(2).sum(-1) - 0.5 * x.shape[-1] * LOG_2PI
+
+
+def posterior_log_weights(
+    states: torch.Tensor, logp_old: torch.Tensor, sampler: GaussianSampler
+) -> torch.Tensor:
+    """Unnormalised log w_s = log p_old(s_{0:T}) - log q(s_{0:T-1} | s_T): [M, R].
+
+    states [T+1, M, R, D]; logp_old [T, M, R] the policy's transition log-probs on them.
+    """
+    log_p = standard_normal_log_prob(states[0]) + logp_old.sum(0)
+    return log_p - sampler.q_log_prob(states)
+
+
+def draw_chains(
+    estimator: str,
+    *,
+    sampler: GaussianSampler,
+    logp_fn: LogProbFn,
+    chain: torch.Tensor,
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    num_chains: int,
+    generator: torch.Generator | None = None,
+    sample_fn: SampleFn | None = None,
+) -> ChainDraw:
+    """Chains, weights and old log-probs of one AR step for the tokens in `mask`.
+
+    chain: [T+1, B, n, D] rollout chain (chain[T] = committed tokens x0); logp: [T, B, n]
+    its recorded log-probs; mask: [B, n] bool selected tokens; num_chains: M (ignored by
+    `single`); generator: source of all draws (noise shape [T(+1), M, R, D], in that order).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    t_steps, d = chain.shape[0] - 1, chain.shape[-1]
+    rows = mask.reshape(-1).nonzero().squeeze(-1)
+    r = rows.numel()
+    x_rows = chain.reshape(t_steps + 1, -1, d)[:, rows]  # [T+1, R, D]
+    if estimator == "single":
+        ones = torch.ones(1, r)
+        return ChainDraw(x_rows.unsqueeze(1), ones, logp.reshape(t_steps, -1)[:, rows].unsqueeze(1).float(), rows, ones[0])
+    m = int(num_chains)
+    if m < 1:
+        raise ValueError(f"num_chains must be >= 1, got {num_chains}")
+    with torch.no_grad():
+        if estimator == "resample":
+            if sample_fn is None:
+                raise ValueError("the resample estimator needs sample_fn")
+            noise = torch.randn(t_steps + 1, m, r, d, generator=generator)
+            states = sample_fn(noise, rows)
+        else:
+            noise = torch.randn(t_steps, m, r, d, generator=generator)
+            states = sampler.q_chain(x_rows[-1].unsqueeze(0).expand(m, r, d), noise)
+        logp_old = logp_fn(states, rows).float()
+        if estimator == "posterior":
+            weights = torch.softmax(posterior_log_weights(states, logp_old, sampler), dim=0)
+        else:
+            weights = torch.full((m, r), 1.0 / m)
+        ess = 1.0 / weights.pow(2).sum(0)
+    return ChainDraw(states, weights, logp_old, rows, ess)
+
+
+def policy_callables(
+    policy: MARPolicy,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    cfg_scale: float,
+    cfg_mode: str = "guided",
+    z_sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[LogProbFn, SampleFn]:
+    """(logp_fn, sample_fn) of a MARPolicy for the tokens of one AR step.
+
+    z_c, z_u: [B, n, C] latents of the scored tokens (the step-i latents gathered at the
+    token positions). z_sample: optional (z_c, z_u) [B, n, C] to DRAW resample chains from
+    (the authors draw from z_fin and score under z_i); default: the scoring latents.
+    The sampler draws with the guided mean, as at rollout.
+    """
+    def rows_of(z: torch.Tensor, rows: torch.Tensor, m: int) -> torch.Tensor:
+        zr = z.reshape(-1, z.shape[-1])[rows]
+        return zr.unsqueeze(0).expand(m, *zr.shape)
+
+    def logp_fn(states: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        m = states.shape[1]
+        lp, _, _ = chain_log_probs(
+            policy, rows_of(z_c, rows, m), rows_of(z_u, rows, m), states,
+            range(policy.sampler.num_steps), cfg_scale, cfg_mode,
+        )
+        return lp
+
+    zs_c, zs_u = z_sample if z_sample is not None else (z_c, z_u)
+
+    def sample_fn(noise: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        m = noise.shape[1]
+        states, _, _, _ = sample_chain(policy, rows_of(zs_c, rows, m), rows_of(zs_u, rows, m), noise, cfg_scale)
+        return states
+
+    return logp_fn, sample_fn
+
+
+def chain_policy_terms(
+    draw: ChainDraw,
+    logp_new: torch.Tensor,
+    adv: torch.Tensor,
+    clip_range: float,
+    n_tokens: int,
+    head_steps: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted PPO terms of the chains: ([S, M, R], stats of ppo_clipped_term).
+
+    logp_new: [S, M, R] current log-probs of draw.states at the head steps `head_steps`
+    (long [S]; default all T). adv: [B] image advantages; n_tokens: n, tokens per image of
+    this AR step, to map rows to images (row // n).
+    """
+    old = draw.logp_old if head_steps is None else draw.logp_old[head_steps]
+    a = adv[draw.rows // n_tokens].view(1, 1, -1)
+    return ppo_clipped_term(logp_new, old, a, clip_range, weight=draw.weights.unsqueeze(0))
+
+
+def median_ess(weights: torch.Tensor) -> float:
+    """Median effective sample size over tokens (logging helper). weights: [M, R]."""
+    if weights.numel() == 0:
+        return math.nan
+    return float((1.0 / weights.pow(2).sum(0)).median())
