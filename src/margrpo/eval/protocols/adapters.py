@@ -33,8 +33,9 @@ class VQA(Protocol):
 
 
 class ZeroShotDetector:
-    """OWL-ViT / OWLv2 / Grounding-DINO style zero-shot detection through transformers'
-    AutoModelForZeroShotObjectDetection; queries are "a photo of a {class}"."""
+    """OWL-ViT / OWLv2 zero-shot detection through transformers'
+    AutoModelForZeroShotObjectDetection; queries are "a photo of a {class}" and labels come
+    back as query indices (Grounding-DINO's text-span labels would need another mapping)."""
 
     def __init__(self, model_path: str, min_score: float = 0.05, device: str = "auto",
                  template: str = "a photo of a {}"):
@@ -53,10 +54,16 @@ class ZeroShotDetector:
         inputs = self.processor(text=[queries], images=image, return_tensors="pt").to(self.device)
         out = self.model(**inputs)
         # target size (H, W) in pixels so boxes come back in image coordinates
-        res = self.processor.post_process_object_detection(
-            out, threshold=self.min_score, target_sizes=torch.tensor([[image.height, image.width]]))[0]
+        sizes = torch.tensor([[image.height, image.width]])
+        post = getattr(self.processor, "post_process_grounded_object_detection", None)
+        if post is None:  # transformers 4.x OWL processors
+            post = self.processor.image_processor.post_process_object_detection
+        res = post(out, threshold=self.min_score, target_sizes=sizes)[0]
+        # boxes may overhang the image; clip to it so centres and sizes stay meaningful
+        lim = torch.tensor([image.width, image.height, image.width, image.height], dtype=torch.float32)
+        boxes = torch.minimum(res["boxes"].float().clamp_min(0), lim)
         return [Detection(label=class_names[int(l)], score=float(s), box=tuple(float(v) for v in b))
-                for s, l, b in zip(res["scores"], res["labels"], res["boxes"])]
+                for s, l, b in zip(res["scores"], res["labels"], boxes)]
 
 
 class ClipAttributeScorer:
