@@ -16,6 +16,10 @@ include count n and exclude count n+1 (so the count is exact); a relation prompt
 Purpose of each prompt (exactly one tag-or-category purpose; `purpose_of`):
 - GenEval tags: single_object, two_object, counting, colors, position, color_attr.
 - T2I-CompBench categories: color, shape, texture, spatial, complex, numeracy.
+- T2I categories by form: color / shape / texture = two phrases joined by "and", each with
+  exactly a colour / a size / a texture; spatial = "A on the left of B" with no attributes
+  or a colour on both; complex = any other mix of attributes, with or without a relation;
+  numeracy = two phrases with counts ("two circles and a square").
 - A color_attr prompt ("a red circle and a blue square") is word for word a T2I "color"
   prompt, so it carries both tag color_attr and category color. Everything else carries one.
   Numeracy is kept apart from counting by using two counted noun phrases

@@ -122,15 +122,19 @@ def combinations(purpose: str, split: str) -> list[dict[str, Any]]:
     return [json.loads(s) for s in _split_pools(purpose)[split]]
 
 
+@lru_cache(maxsize=None)
+def _split_by_key(purpose: str) -> dict[str, str]:
+    return {canonical_key(json.loads(m)): split
+            for split, metas in _split_pools(purpose).items() for m in metas}
+
+
 def split_of(meta: dict[str, Any]) -> str:
     """The split a combination belongs to."""
     purpose = meta["tag"] if meta.get("tag") else meta["category"]
-    key = canonical_key(meta)
-    pools = _split_pools(purpose)
-    for split in SPLITS:
-        if any(canonical_key(json.loads(s)) == key for s in pools[split]):
-            return split
-    raise ValueError(f"{meta.get('prompt')!r} is not a combination of purpose {purpose!r}")
+    split = _split_by_key(purpose).get(canonical_key(meta))
+    if split is None:
+        raise ValueError(f"{meta.get('prompt')!r} is not a combination of purpose {purpose!r}")
+    return split
 
 
 def make_prompt_set(split: str, n_per_tag: int, seed: int) -> list[dict[str, Any]]:
