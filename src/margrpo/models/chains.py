@@ -1,0 +1,130 @@
+"""Head chains over any `MARPolicy`: guided outputs, sampling and log-prob evaluation.
+
+One code path serves the rollout, the recomputation in the loss, the uncertainty map and
+the multi-trajectory estimators, so that "recompute == rollout" holds by construction:
+the guided head output is always computed on the concatenated [cond; null] rows in one
+call, with the same shapes as at rollout.
+
+Shapes: a chain has states [T+1, *rows, D]; z_c, z_u: [*rows, C].
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from margrpo.models.protocol import MARPolicy, Rollout
+from margrpo.models.samplers import gaussian_log_prob
+
+CFG_MODES = ("guided", "cond")
+
+
+def guided_output(
+    policy: MARPolicy,
+    x: torch.Tensor,
+    j: int,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    cfg_scale: float,
+    cfg_mode: str = "guided",
+    detach_null: bool = True,
+) -> torch.Tensor:
+    """Head output used for the Gaussian mean at head step j. x: [*rows, D].
+
+    guided: u + w (c - u), the distribution the rollout sampled from (method.md §2).
+    cond: c alone, what the authors' training code scores (kept for comparison).
+    detach_null: no gradient through the null-prompt branch u (a common, cheaper choice).
+    """
+    rows = x.shape[:-1]
+    xf, zc, zu = x.reshape(-1, x.shape[-1]), z_c.reshape(-1, z_c.shape[-1]), z_u.reshape(-1, z_u.shape[-1])
+    r = xf.shape[0]
+    t = torch.full((2 * r,), policy.sampler.time_input(j))
+    out = policy.head_output(torch.cat([xf, xf]), t, torch.cat([zc, zu]))
+    c, u = out[:r], out[r:]
+    if cfg_mode == "cond":
+        g = c
+    elif cfg_mode == "guided":
+        if detach_null:
+            u = u.detach()
+        g = u + cfg_scale * (c - u)
+    else:
+        raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
+    return g.reshape(*rows, x.shape[-1])
+
+
+def sample_chain(
+    policy: MARPolicy,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    noise: torch.Tensor,
+    cfg_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the head from noise[0] with step noises noise[1..T] (all [*rows, D]).
+
+    Returns chain [T+1, *rows, D], mean [T, *rows, D], std [T, *rows], logp [T, *rows].
+    """
+    sampler = policy.sampler
+    x = noise[0]
+    chain, means, stds, logps = [x], [], [], []
+    for j in range(sampler.num_steps):
+        out = guided_output(policy, x, j, z_c, z_u, cfg_scale)
+        x, mean, std, lp = sampler.step(x, j, out, noise[j + 1])
+        chain.append(x)
+        means.append(mean)
+        stds.append(std)
+        logps.append(lp)
+    return torch.stack(chain), torch.stack(means), torch.stack(stds), torch.stack(logps)
+
+
+def chain_log_probs(
+    policy: MARPolicy,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    states: torch.Tensor,
+    head_steps: Sequence[int],
+    cfg_scale: float,
+    cfg_mode: str = "guided",
+    detach_null: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Policy transition log-probs of given states [T+1, *rows, D] at `head_steps`.
+
+    Returns (logp, mean, std) stacked over head_steps: [S, *rows], [S, *rows, D], [S, *rows].
+    """
+    logps, means, stds = [], [], []
+    for j in head_steps:
+        out = guided_output(policy, states[j], j, z_c, z_u, cfg_scale, cfg_mode, detach_null)
+        mean, std = policy.sampler.transition(states[j], j, out)
+        logps.append(gaussian_log_prob(states[j + 1], mean, std))
+        means.append(mean)
+        stds.append(std)
+    return torch.stack(logps), torch.stack(means), torch.stack(stds)
+
+
+def gather_rows(z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """z: [B, N, C], idx: [B, n] -> [B, n, C]."""
+    return torch.gather(z, 1, idx.unsqueeze(-1).expand(-1, -1, z.shape[-1]))
+
+
+def recompute_log_probs(
+    policy: MARPolicy,
+    rollout: Rollout,
+    ar_steps: Sequence[int] | None = None,
+    head_steps: Sequence[int] | None = None,
+    cfg_mode: str = "guided",
+) -> torch.Tensor:
+    """Log-probs of the rollout's own transitions under the current parameters.
+
+    Returns [len(ar_steps), len(head_steps), B, n] (requires equal n_i over the chosen
+    steps; use one step at a time otherwise). With unchanged parameters this equals the
+    recorded `step.logp` (same shapes, same ops).
+    """
+    ar_steps = range(len(rollout.steps)) if ar_steps is None else ar_steps
+    head_steps = range(policy.sampler.num_steps) if head_steps is None else head_steps
+    out = []
+    for i in ar_steps:
+        step = rollout.steps[i]
+        z_c, z_u = policy.encode(rollout, i)
+        zc, zu = gather_rows(z_c, step.commit_idx), gather_rows(z_u, step.commit_idx)
+        lp, _, _ = chain_log_probs(policy, zc, zu, step.chain, head_steps, rollout.cfg_scale, cfg_mode)
+        out.append(lp)
+    return torch.stack(out)

@@ -1,0 +1,109 @@
+"""Pretraining of the tiny MAR on the synthetic world (the embedded base model).
+
+Data is infinite: each batch draws train-split prompt combinations (balanced over the
+world's purposes), samples a scene that satisfies each and renders it, all from one
+torch.Generator, so a run is a pure function of its config and seed. Sampling uses an EMA
+copy of the weights (standard MAR practice; the raw weights give blotchier samples).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from margrpo.models.mar import TinyMAR
+from margrpo.world.prompts import PURPOSES, combinations, sample_scenes
+from margrpo.world.render import render
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    steps: int = 8000
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 300
+    weight_decay: float = 0.02
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999
+    prompt_dropout: float = 0.1
+    diffusion_batch_mul: int = 4
+    seed: int = 0
+    log_every: int = 50
+
+
+class WorldBatches:
+    """Infinite (images [B, 3, H, W] in [0, 1], prompts) batches from the train split."""
+
+    def __init__(self, image_size: int, generator: torch.Generator):
+        self.pools = [combinations(p, "train") for p in PURPOSES]
+        self.size = image_size
+        self.gen = generator
+
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, list[str]]:
+        purpose = torch.randint(len(self.pools), (batch_size,), generator=self.gen).tolist()
+        metas = [self.pools[p][int(torch.randint(len(self.pools[p]), (1,), generator=self.gen))] for p in purpose]
+        images = render(sample_scenes(metas, self.gen, size=self.size), self.size)
+        return images, [m["prompt"] for m in metas]
+
+
+def lr_at(step: int, s: PretrainSettings) -> float:
+    """Linear warmup, then constant; the EMA does the averaging. With no decay tied to the
+    total, a run stopped at step S equals a run configured with steps=S."""
+    return s.lr * min(1.0, (step + 1) / s.warmup_steps)
+
+
+def pretrain(
+    model: TinyMAR,
+    s: PretrainSettings,
+    on_log: Callable[[int, dict[str, float]], None] | None = None,
+    progress: bool = True,
+    on_checkpoint: Callable[[int, TinyMAR], None] | None = None,
+    checkpoint_every: int = 1000,
+) -> TinyMAR:
+    """Train `model` in place for s.steps; returns the EMA model (eval mode)."""
+    gen = torch.Generator().manual_seed(s.seed)
+    torch.manual_seed(s.seed)
+    data = WorldBatches(model.config.image_size, gen)
+    ema = copy.deepcopy(model).eval().requires_grad_(False)
+    decay_params = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    other_params = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay_params, "weight_decay": s.weight_decay}, {"params": other_params, "weight_decay": 0.0}],
+        lr=s.lr,
+        betas=(0.9, 0.95),
+    )
+    model.train()
+    t0, running = time.time(), 0.0
+    bar = tqdm(range(s.steps), desc="pretrain", disable=not progress, mininterval=5)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, s)
+        images, prompts = data.sample(s.batch_size)
+        loss = model.training_loss(images, model.tokenize(prompts), gen, s.prompt_dropout, s.diffusion_batch_mul)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        # EMA warm-up as in common practice: effective decay min(decay, (1+step)/(10+step)).
+        d = min(s.ema_decay, (1 + step) / (10 + step))
+        with torch.no_grad():
+            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1.0 - d)
+        running += loss.item()
+        if (step + 1) % s.log_every == 0:
+            metrics = {
+                "pretrain/loss": running / s.log_every,
+                "pretrain/grad_norm": float(grad_norm),
+                "pretrain/lr": lr_at(step, s),
+                "time/elapsed_s": time.time() - t0,
+            }
+            running = 0.0
+            bar.set_postfix(loss=f"{metrics['pretrain/loss']:.4f}")
+            if on_log is not None:
+                on_log(step + 1, metrics)
+        if on_checkpoint is not None and (step + 1) % checkpoint_every == 0:
+            on_checkpoint(step + 1, ema)
+    return ema
