@@ -195,15 +195,17 @@ class TinyMAR(ModelMixin, ConfigMixin):
             chain, mean, std, logp = sample_chain(
                 self, gather_rows(z_c, idx), gather_rows(z_u, idx), noise, self.cfg_scale
             )
-            spec = None
+            rec = ARStep(i, canvas.clone(), known.clone(), idx, chain, mean, std, logp)
             if i in spec_set:
-                spec = canvas.clone()
-                spec.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, d), chain[-1])
+                rec.speculative = canvas.clone()
+                rec.speculative.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, d), chain[-1])
+                rec.spec_idx = rest
                 if rest.shape[1]:
                     sn = torch.stack([torch.randn(t_steps + 1, rest.shape[1], d, generator=g) for g in gens], dim=1)
-                    sc, _, _, _ = sample_chain(self, gather_rows(z_c, rest), gather_rows(z_u, rest), sn, self.cfg_scale)
-                    spec.scatter_(1, rest.unsqueeze(-1).expand(-1, -1, d), sc[-1])
-            steps.append(ARStep(i, canvas.clone(), known.clone(), idx, chain, mean, std, logp, spec))
+                    sc, _, _, sl = sample_chain(self, gather_rows(z_c, rest), gather_rows(z_u, rest), sn, self.cfg_scale)
+                    rec.speculative.scatter_(1, rest.unsqueeze(-1).expand(-1, -1, d), sc[-1])
+                    rec.spec_chain, rec.spec_logp = sc, sl
+            steps.append(rec)
             canvas.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, d), chain[-1])
             known.scatter_(1, idx, True)
             start += n

@@ -33,6 +33,9 @@ class ARStep:
     speculative: [B, N, D] or None: the head's prediction of every token at this step
         (committed tokens: chain[T]; still-masked tokens: one head chain from z_i, then
         discarded; tokens known before the step: the canvas). method.md §3.3.
+    spec_idx: [B, m_i] positions still masked after the step (speculative tokens), with
+        their head chains spec_chain [T+1, B, m_i, D] and log-probs spec_logp [T, B, m_i]
+        (only on speculative steps; the authors' NOVA loss also scores these tokens).
     """
 
     index: int
@@ -44,6 +47,9 @@ class ARStep:
     std: torch.Tensor
     logp: torch.Tensor
     speculative: torch.Tensor | None = None
+    spec_idx: torch.Tensor | None = None
+    spec_chain: torch.Tensor | None = None
+    spec_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -53,7 +59,8 @@ class Rollout:
     seeds: [B] int64 per-image seeds. `policy.rollout(prompts, seeds=seeds)` with the same
         parameters, cfg and temperature reproduces the images bit for bit: the token order
         and every noise draw of image b come from generators seeded by seeds[b] (and the
-        AR step index), independent of the batch it sits in.
+        AR step index), independent of the batch it sits in (replayed in a batch of another
+        size, an image differs only by float rounding of the batched matmuls).
     cond: model-specific conditioning needed by `encode` (token ids for the tiny MAR).
     """
 
