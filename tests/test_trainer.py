@@ -1,0 +1,109 @@
+"""Trainer contracts: ratio 1 on the first pass, frozen head, resume == uninterrupted, NaN guard."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from margrpo.models.loading import new_model
+from margrpo.rl.policy_loss import prepare, speculative_steps_needed
+from margrpo.rl.trainer import NonFiniteError, Trainer, train
+from margrpo.world.prompts import make_prompt_set
+
+from conftest import RedReward, randomize_head, tiny_params
+
+PROMPTS = make_prompt_set("train", 2, seed=0)
+
+
+def make_trainer(method="mar_grpo", seed=0, **over):
+    params = tiny_params(**over)
+    torch.manual_seed(0)
+    policy = randomize_head(new_model(params))
+    return Trainer(policy, params, params.method(method), seed, PROMPTS, RedReward())
+
+
+@pytest.mark.parametrize("estimator", ["single", "resample", "elbo", "posterior"])
+def test_first_pass_ratio_is_one_and_gradient_flows(estimator):
+    tr = make_trainer(**{"methods.mar_grpo.estimator": estimator})
+    metas, groups = tr.sample_batch()
+    ar, heads = tr.plan_steps()
+    ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
+                           speculative_steps=speculative_steps_needed(tr.method, ar))
+    adv = torch.randn(len(metas))
+    plans = prepare(tr.policy, ro, ar, heads, tr.method, "guided", torch.Generator().manual_seed(1))
+    stats = tr.compute_grads(ro, plans, adv)
+    assert stats["diag/approx_kl"] == 0.0 and stats["diag/clipfrac"] == 0.0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tr.ar_params)
+    # frozen head: no gradient at all
+    assert all(p.grad is None for p in tr.head_params)
+
+
+def test_vanilla_grpo_trains_the_head():
+    tr = make_trainer("grpo")
+    assert all(p.requires_grad for p in tr.head_params)
+    before = [p.detach().clone() for p in tr.head_params]
+    tr.train_step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.head_params))
+
+
+def test_kl_is_zero_against_itself():
+    tr = make_trainer(**{"train.beta_kl": 1.0})
+    m = tr.train_step()
+    assert m["loss/kl"] == 0.0  # first step: policy == reference
+    m2 = tr.train_step()
+    assert m2["loss/kl"] > 0.0
+
+
+def _run(tmp: Path, base: Path, params, crash_at=None):
+    def log(step, metrics):
+        if crash_at is not None and step == crash_at:
+            raise KeyboardInterrupt  # a kill between checkpoints
+    return train(params, "mar_grpo", 0, tmp, base_checkpoint=base, train_prompts=PROMPTS, log=log, progress=False)
+
+
+def test_resume_matches_uninterrupted_bitwise(tmp_path):
+    params = tiny_params(**{"train.steps": 5, "train.checkpoint_every": 2})
+    base = tmp_path / "base"
+    torch.manual_seed(0)
+    randomize_head(new_model(params)).save_pretrained(base)
+    full = _run(tmp_path / "full", base, params)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "killed", base, params, crash_at=3)  # checkpoint at 2, killed in 3
+    ck = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert ck["step"] == 2
+    resumed = _run(tmp_path / "killed", base, params)
+    from safetensors.torch import load_file
+
+    wa = load_file(full / "diffusion_pytorch_model.safetensors")
+    wb = load_file(resumed / "diffusion_pytorch_model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    hist = [json.loads(l) for l in (tmp_path / "killed" / "history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in hist] == [1, 2, 3, 4, 5]
+
+
+def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
+    params = tiny_params(**{"train.steps": 6, "train.checkpoint_every": 1, "train.max_nonfinite_in_row": 2})
+    base = tmp_path / "base"
+    randomize_head(new_model(params)).save_pretrained(base)
+
+    class NaNAfter2(RedReward):
+        calls = 0
+
+        def __call__(self, images, prompts, metadata):
+            NaNAfter2.calls += 1
+            r = super().__call__(images, prompts, metadata)
+            return r * float("nan") if NaNAfter2.calls > 2 else r
+
+    from margrpo.rewards import base as rb
+
+    rb._REGISTRY["test_red"], old = (lambda **kw: NaNAfter2()), rb._REGISTRY["test_red"]
+    try:
+        with pytest.raises(NonFiniteError, match="last good checkpoint"):
+            _run(tmp_path / "run", base, params)
+    finally:
+        rb._REGISTRY["test_red"] = old
+    ck = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
+    assert ck["step"] == 3 and ck["nonfinite"][0] == 1  # step 3 skipped and saved; step 4 stops
+    assert all(torch.isfinite(v).all() for v in ck["policy"].values())
