@@ -1,0 +1,117 @@
+"""Shared by every stage entry point: process preamble, paths, params, MLflow study.
+
+Call `preamble()` first thing in each entry point, before Prefect is imported: it installs
+the SIGTERM handler (a flow killed by SIGTERM otherwise orphans the temporary Prefect API
+server it started) and the quiet / offline environment defaults.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+# setdefault: a user's own settings (e.g. PREFECT_API_URL, PREFECT_LOGGING_LEVEL) win.
+QUIET_ENV = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_TO_API_ENABLED": "false",
+    "DVC_NO_ANALYTICS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+PARAMS_FILE = Path("params.yaml")
+
+# Paths are relative to the stage's working directory (the repo root, or the scratch copy
+# of `dvc exp run --temp`); dvc.yaml declares the same paths.
+PROMPTS = Path("prompts")
+TRAIN_PROMPTS = PROMPTS / "world_train.jsonl"
+HELDOUT_PROMPTS = PROMPTS / "world_heldout.jsonl"
+RL_MODELS = Path("models/rl")
+REPORTS = Path("reports")
+# Training checkpoints live outside every DVC output (DVC deletes outputs before a stage
+# reruns), in a folder keyed by everything that determines training, so a rerun after a
+# kill resumes and a rerun with other params starts fresh.
+CHECKPOINTS = Path("outputs/ckpt")
+
+EVAL_TARGETS = ("base",)  # besides every trained method
+
+
+def preamble() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    # MLflow announces database creation and migrations at INFO on every new store.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
+def tracking_root() -> Path:
+    """Where mlflow.db lives: the main repo even for queued / temp experiments."""
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
+
+
+def load():
+    """Validate params.yaml before any work; every flow starts here."""
+    from margrpo.config import load_params
+
+    return load_params(PARAMS_FILE)
+
+
+def open_study(params):
+    from margrpo.tracking.runs import Study, artifact_root, git_revision, study_id, tracking_uri
+
+    root = tracking_root()
+    rev = git_revision(root)
+    tags = {
+        "git.revision": rev,
+        "mlflow.source.git.commit": rev,
+        "dvc.exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
+    }
+    sid = study_id(root, PARAMS_FILE.read_text())
+    return Study(tracking_uri(root), sid, params.model_dump(mode="json"), tags, artifact_root(root))
+
+
+def trained_model_dir(method: str, seed: int) -> Path:
+    return RL_MODELS / method / f"seed{seed}"
+
+
+def model_for(target: str, seed: int, params) -> Path:
+    """The model a evaluation target uses for replicate `seed` (base: the same model)."""
+    return Path(params.model.checkpoint) if target == "base" else trained_model_dir(target, seed) / "final"
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, or of every file under a folder (names and contents)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
+    for f in files:
+        h.update(str(f.relative_to(path) if Path(path).is_dir() else f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def checkpoint_dir(params, method: str, seed: int) -> Path:
+    """outputs/ckpt/<method>/<key>/seed<seed>: key hashes what determines the training run
+    (train.seeds excluded: adding a seed must not discard the others' checkpoints)."""
+    spec = {
+        "method": params.method(method).model_dump(mode="json"),
+        "train": params.train.model_dump(mode="json", exclude={"seeds"}),
+        "sampling": params.sampling.model_dump(mode="json"),
+        "rewards": [r.model_dump(mode="json") for r in params.rewards],
+        "model": params.model.model_dump(mode="json", exclude={"checkpoint"}),
+        "image_size": params.world.image_size,
+        "base": file_digest(Path(params.model.checkpoint)),
+        "prompts": file_digest(TRAIN_PROMPTS),
+    }
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return CHECKPOINTS / method / key / f"seed{seed}"
+
+
+def write_json(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

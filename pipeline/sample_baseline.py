@@ -1,0 +1,80 @@
+"""Stage sample_baseline: what GRPO starts from, before any training time is spent.
+
+Samples the base model on a slice of the training prompts in GRPO-sized groups (train.
+group_size images per prompt) and scores them with the training reward. Reports the reward
+level and, per prompt, the group spread: a group with zero spread gives zero advantage, so
+`baseline/zero_std_group_frac` near 1 means the reward gives GRPO nothing to learn from.
+Writes reports/baseline/metrics.json and reports/baseline/grid.png.
+"""
+from pipeline.common import preamble
+
+preamble()
+
+from prefect import flow, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from pipeline import common  # noqa: E402
+
+OUT = common.REPORTS / "baseline"
+# Prompts per GenEval tag / T2I category: enough to see the reward's level, cheap to sample.
+PROMPTS_PER_PURPOSE = 2
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def score_rewards(specs: list[dict], images, metas: list[dict]):
+    """Rewards [P, G]. Retried: a remote reward backend can fail transiently."""
+    from margrpo.rewards.base import build_weighted_reward
+
+    reward = build_weighted_reward(specs)
+    p, g = images.shape[:2]
+    flat = [m for m in metas for _ in range(g)]
+    return reward(images.reshape(p * g, *images.shape[2:]), [m["prompt"] for m in flat], flat).reshape(p, g)
+
+
+def pick_prompts(rows: list[dict], per_purpose: int) -> list[dict]:
+    seen: dict[str, int] = {}
+    out = []
+    for row in rows:
+        purpose = row.get("tag") or row.get("category")
+        if seen.get(purpose, 0) < per_purpose:
+            seen[purpose] = seen.get(purpose, 0) + 1
+            out.append(row)
+    return out
+
+
+@flow(name="sample_baseline")
+def sample_baseline() -> None:
+    from margrpo.eval.generate import image_grid, image_seeds, sample_images
+    from margrpo.models.loading import load_model
+    from margrpo.world.prompts import read_jsonl
+
+    params = common.load()
+    study = common.open_study(params)
+    run_id = study.child("sample_baseline", "base")
+    metas = pick_prompts(read_jsonl(common.TRAIN_PROMPTS), PROMPTS_PER_PURPOSE)
+    group = params.train.group_size
+    model = load_model(params.model.checkpoint, params)
+    seeds = image_seeds(params.evaluate.seed, 0, len(metas), group)
+    images = sample_images(model, [m["prompt"] for m in metas], seeds, params.evaluate.batch_size,
+                           desc="baseline samples")
+    rewards = score_rewards([r.model_dump() for r in params.rewards], images, metas)
+    group_std = rewards.std(dim=1)
+    metrics = {
+        "baseline/reward_mean": float(rewards.mean()),
+        "baseline/reward_std": float(rewards.std()),
+        "baseline/group_std_mean": float(group_std.mean()),
+        "baseline/zero_std_group_frac": float((group_std < 1e-6).float().mean()),
+        "baseline/prompts": len(metas),
+        "baseline/group_size": group,
+    }
+    common.write_json(metrics, OUT / "metrics.json")
+    n = min(params.evaluate.grid_prompts, len(metas))
+    image_grid(images[:n], [m["prompt"] for m in metas[:n]]).save(OUT / "grid.png")
+    study.log_metrics(run_id, metrics)
+    study.log_artifact(run_id, OUT, "baseline")
+    study.finish(run_id)
+    print("baseline:", ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+
+
+if __name__ == "__main__":
+    sample_baseline()

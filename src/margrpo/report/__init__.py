@@ -1,0 +1,1 @@
+"""The study report: training curves, comparison tables, the claims table, Markdown + HTML."""
