@@ -6,6 +6,7 @@ server it started) and the quiet / offline environment defaults.
 """
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import logging
@@ -42,8 +43,33 @@ CHECKPOINTS = Path("outputs/ckpt")
 EVAL_TARGETS = ("base",)  # besides every trained method
 
 
+# Seconds a terminated stage gets to report the crash to Prefect and stop its server.
+TERM_GRACE_S = 10
+
+
+def _hard_exit(*_) -> None:
+    import psutil  # a DVC dependency
+
+    for child in psutil.Process().children(recursive=True):
+        child.terminate()
+    os._exit(143)
+
+
+def _on_sigterm(*_) -> None:
+    # Unwinding (SystemExit) lets Prefect mark the run crashed and stop the temporary API
+    # server it started. When the whole process group was signalled (Ctrl-C / kill of a
+    # `dvc repro` session), that server is already gone and Prefect would retry its state
+    # report for minutes: after the grace period, stop the children and leave at once.
+    signal.signal(signal.SIGTERM, _hard_exit)
+    signal.signal(signal.SIGALRM, _hard_exit)
+    signal.alarm(TERM_GRACE_S)
+    sys.exit(143)
+
+
 def preamble() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    # `kill -USR1 <pid>` prints every thread's stack: how to see where a stage hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     # MLflow announces database creation and migrations at INFO on every new store.
