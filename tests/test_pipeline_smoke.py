@@ -59,6 +59,10 @@ def test_pipeline_smoke(tmp_path):
     assert "reports/summary.json" in dvc(root, "metrics", "show", "--json")
     assert (root / "reports/train/mar_grpo/curves.csv").read_text().startswith("step,")
     assert "dvc.lock" in {p.name for p in root.iterdir()}
+    plots = json.loads(subprocess.run([str(VENV_BIN / "dvc"), "plots", "show", "--json"], cwd=root,
+                                      env=pipeline_env(root), capture_output=True, text=True).stdout)
+    assert not plots.get("errors"), plots.get("errors")
+    assert {"training reward", "training KL", "reports/eval/mar_grpo/grid.png"} <= set(plots["data"])
 
     # MLflow: one parent run for the study, child runs tagged with stage / method / seed.
     db = sqlite3.connect(root / "mlflow.db")
