@@ -57,7 +57,7 @@ def sample_baseline() -> None:
     seeds = image_seeds(params.evaluate.seed, 0, len(metas), group)
     images = sample_images(model, [m["prompt"] for m in metas], seeds, params.evaluate.batch_size,
                            desc="baseline samples")
-    rewards = score_rewards([r.model_dump() for r in params.rewards], images, metas)
+    rewards = score_rewards(params.reward_specs(), images, metas)
     group_std = rewards.std(dim=1)
     metrics = {
         "baseline/reward_mean": float(rewards.mean()),

@@ -29,7 +29,7 @@ def main() -> None:
     a = ap.parse_args()
     params = load_params(a.params)
     prompts = make_prompt_set("train", params.world.train_prompts_per_tag, params.world.seed)
-    reward = build_weighted_reward([r.model_dump() for r in params.rewards])
+    reward = build_weighted_reward(params.reward_specs())
     names = a.methods.split(",")
     trainers = {
         n: Trainer(load_model(params.model.checkpoint, params), params, params.method(n), 0, prompts, reward)

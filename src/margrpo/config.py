@@ -145,6 +145,14 @@ class Params(_Strict):
             raise ValueError("train.loss_head_steps exceeds sampling.head_steps")
         return self
 
+    def reward_specs(self) -> list[dict[str, Any]]:
+        """rewards as factory kwargs; the world reward gets world.image_size unless set."""
+        specs = [r.model_dump() for r in self.rewards]
+        for s in specs:
+            if s["name"] == "world":
+                s.setdefault("image_size", self.world.image_size)
+        return specs
+
     def method(self, name: str) -> "ResolvedMethod":
         if name not in self.methods:
             raise ParamsError(f"unknown method {name!r}; params.yaml methods: {sorted(self.methods)}")
@@ -176,7 +184,9 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<top level>"
         given = e.get("input")
-        if e["type"] == "extra_forbidden":
+        if not e["loc"]:  # a cross-field check: its message names the keys
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (remove it or check its spelling)")
         else:
             lines.append(f"  {key}: {e['msg']} (given: {given!r})")

@@ -223,7 +223,7 @@ def train(
     resolved = params.method(method)
     torch.manual_seed(seed)
     policy: MARPolicy = load_model(base_checkpoint, params)
-    reward = build_weighted_reward([r.model_dump() for r in params.rewards])
+    reward = build_weighted_reward(params.reward_specs())
     tr = Trainer(policy, params, resolved, seed, train_prompts, reward)
     ckpt, hist_path = out_dir / "ckpt.pt", out_dir / "history.jsonl"
     if ckpt.exists():
