@@ -1,17 +1,24 @@
-"""VQAScore (Lin et al. 2024) through t2v-metrics 1.2: P("Yes") of a CLIP-FlanT5 model asked
-'Does this figure show "{prompt}"? Please answer yes or no.', in [0, 1].
+"""VQAScore (Lin et al. 2024) through t2v-metrics 1.2: how likely a CLIP-FlanT5 model answers
+"Yes" to 'Does this figure show "{prompt}"? Please answer yes or no.', in [0, 1].
+
+Exactly, the package returns exp(-mean cross-entropy) over the tokenised answer, i.e. the
+geometric mean of the per-token probabilities of "Yes" + "</s>" (Flan-T5 tokenises "Yes" as
+one piece, so this is sqrt(P(Yes) * P(</s> | Yes))), teacher-forced after the prompt.
 
 Local weights: t2v-metrics resolves a model name through its registry
 (CLIP_T5_MODELS); this backend adds one entry whose paths are the local folders, so nothing
 is fetched: `model_path` (e.g. the clip-flant5-xl folder), `tokenizer_path` (the
-google/flan-t5-xl tokenizer folder) and `vision_tower_path` (the CLIP ViT-L/14-336 folder;
-the model's config.json field `mm_vision_tower` must name this same folder, which is
-checked at start-up). Scoring calls the package model's paired `forward(image_paths,
-texts)` on whole batches (the package's `VQAScore(...)` call scores an m x n grid).
+google/flan-t5-xl tokenizer folder, read with the slow sentencepiece T5Tokenizer) and
+`vision_tower_path` (the CLIP ViT-L/14-336 folder; the model's config.json field
+`mm_vision_tower` must name this same folder, which is checked at start-up). Scoring calls
+the package model's paired `forward(image_paths, texts)` on whole batches (the package's
+`VQAScore(...)` call scores an m x n grid).
 
 Environment: t2v-metrics 1.2 pins transformers==4.36.1 and needs diffusers 0.31, so it runs
 from .venvs/legacy (scripts/setup_backend_env.sh legacy) behind the loopback scorer:
-`python: .venvs/legacy/bin/python` in the reward's params. On CPU it runs under bf16 autocast.
+`python: .venvs/legacy/bin/python` in the reward's params. The package casts the model to
+bf16 on every device; its forward only autocasts on CUDA, so on CPU we wrap it in a bf16
+autocast ourselves: CPU runs the same bf16 mixed precision as a GPU.
 """
 from __future__ import annotations
 
@@ -63,7 +70,10 @@ class VQAScoreReward:
                       "image_aspect_ratio": "pad"},
         }
         self.device = pick_device(device)
-        self.scorer = t2v.VQAScore(model=LOCAL_NAME, device=str(self.device))
+        # The package creates its cache_dir (default ./hf_cache/, relative to the cwd) at
+        # load; nothing is downloaded here, so point it at the existing model folder.
+        self.scorer = t2v.VQAScore(model=LOCAL_NAME, device=str(self.device),
+                                   cache_dir=str(paths["model_path"]))
         self.batch_size = int(batch_size)
 
     @torch.no_grad()
