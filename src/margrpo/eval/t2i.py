@@ -15,12 +15,24 @@ Facts from T2I-CompBench (Karine-Huang/T2I-CompBench) that these rules follow:
   boxes of one class (IoU > 0.9 or > 90% containment) count once.
 - Complex ("3-in-1", 3_in_1_eval/3_in_1.py): mean of the applicable part scores
   (attribute binding, spatial; the action part is absent in this world).
+- 3D spatial (T2I-CompBench++, UniDet_eval/3D_spatial_eval.py): relations "in front of",
+  "behind", "hidden" (by) between the first and last noun. A DPT-hybrid MiDaS map (relative
+  inverse depth, so larger = nearer; min-max normalised per image) is averaged over each
+  object's box; "in front of" needs object 1 nearer than object 2, "behind" / "hidden"
+  farther. With the order right, pos = 1 when the boxes' IoU exceeds 0.5, IoU / 0.5 when
+  they overlap less, 0 when they do not overlap at all (occlusion needs overlap). Score as
+  2D: 0.25 s1 + 0.25 s2 + 0.5 pos with both found, 0.25 s with one, 0 with none, but no
+  cut at 0.5.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from margrpo.eval.detections import Detection
 
 SPATIAL_IOU_THRESHOLD = 0.1
+SPATIAL_3D_IOU_THRESHOLD = 0.5
+RELATIONS_3D = ("in front of", "behind", "hidden")
 
 
 def noun_phrases(meta: dict) -> list[str]:
@@ -105,6 +117,48 @@ def spatial_score(meta: dict, detections: list[Detection]) -> float:
     return score if score >= 0.5 else 0.0
 
 
+def mean_box_depth(depth, box, transposed: bool = False) -> float:
+    """Mean of a depth map [H, W] over box (x0, y0, x1, y1), in the map's pixels; corners
+    truncated to int as the official crop does. NaN for an empty crop (so no order holds).
+    transposed=True reads depth[x0:x1, y0:y1] as the official script does (it indexes the
+    [H, W] map with x first); the default reads the box itself."""
+    d = np.asarray(depth, dtype=np.float64)
+    x0, y0, x1, y1 = (max(int(v), 0) for v in box)
+    crop = d[x0:x1, y0:y1] if transposed else d[y0:y1, x0:x1]
+    return float(crop.mean()) if crop.size else float("nan")
+
+
+def depth_position(relation: str, box1, box2, depth, iou_threshold: float = SPATIAL_3D_IOU_THRESHOLD,
+                   transposed: bool = False) -> float:
+    """Is object 1 `relation` ("in front of" / "behind" / "hidden") object 2? depth: [H, W],
+    larger = nearer the camera (MiDaS / DPT relative inverse depth). In [0, 1]."""
+    if relation not in RELATIONS_3D:
+        raise ValueError(f"3D relation {relation!r}; expected one of {RELATIONS_3D}")
+    nearer = mean_box_depth(depth, box1, transposed) - mean_box_depth(depth, box2, transposed)
+    ordered = nearer > 0 if relation == "in front of" else nearer < 0  # NaN -> False
+    iou = _iou(box1, box2)
+    if not ordered or iou <= 0:
+        return 0.0
+    # official: IoU > threshold -> 1; at exactly the threshold it gives 0 (we give 1)
+    return 1.0 if iou >= iou_threshold else iou / iou_threshold
+
+
+def spatial3d_score(meta: dict, detections: list[Detection], depth, transposed: bool = False) -> float:
+    """UniDet 3D-spatial score for "A rel B" (include[1] = A with its position, include[0] = B;
+    the same meta layout as spatial_score), depth [H, W] in the boxes' pixel frame."""
+    b_req, a_req = meta["include"][0], meta["include"][1]
+    rel = a_req["position"][0]
+    ranked = sorted(detections, key=lambda d: -d.score)
+    a = next((d for d in ranked if d.label == a_req["class"]), None)
+    b = next((d for d in ranked if d.label == b_req["class"]), None)
+    if a is not None and b is not None:
+        return 0.25 * a.score + 0.25 * b.score + 0.5 * depth_position(rel, a.box, b.box, depth,
+                                                                      transposed=transposed)
+    if a is not None or b is not None:
+        return 0.25 * (a or b).score
+    return 0.0
+
+
 def numeracy_score(meta: dict, detections: list[Detection], threshold: float = 0.3) -> float:
     """UniDet numeracy score: per counted phrase, half credit for presence, half for the
     exact count (after merging duplicate boxes)."""
@@ -130,8 +184,8 @@ def complex_score(parts: dict[str, float]) -> float:
     return sum(parts.values()) / len(parts)
 
 
-def t2i_score(meta: dict, detections: list[Detection]) -> float:
-    """Score in [0, 1] for meta["category"]."""
+def t2i_score(meta: dict, detections: list[Detection], depth=None) -> float:
+    """Score in [0, 1] for meta["category"] (3d_spatial also needs the depth map [H, W])."""
     cat = meta.get("category")
     if cat in ("color", "shape", "texture"):
         return attribute_binding_score(meta, detections)
@@ -139,13 +193,17 @@ def t2i_score(meta: dict, detections: list[Detection]) -> float:
         return spatial_score(meta, detections)
     if cat == "numeracy":
         return numeracy_score(meta, detections)
+    if cat == "3d_spatial":
+        if depth is None:
+            raise ValueError("category '3d_spatial' needs a depth map (t2i_score(..., depth=))")
+        return spatial3d_score(meta, detections, depth)
     if cat == "complex":
         parts = {"attribute": attribute_binding_score(meta, detections)}
         if any("position" in r for r in meta["include"]):
             parts["spatial"] = spatial_score(meta, detections)
         return complex_score(parts)
     raise ValueError(f"no T2I-CompBench rule for category {cat!r}; "
-                     "expected color, shape, texture, spatial, numeracy or complex")
+                     "expected color, shape, texture, spatial, 3d_spatial, numeracy or complex")
 
 
 def _area(b) -> float:

@@ -5,6 +5,7 @@ weights (never downloaded). Each is a small protocol so tests and other detector
   AttributeScorer: classify(pil_crop, cls, values) -> (value, confidence)  (GenEval colour)
   VQA:             p_yes(pil_image, questions) -> list[float]               (BLIP-VQA)
   TextImageSim:    cosine(pil_image, text) -> float                         (CLIP ViT-B/32)
+  DepthMap:        depth(pil_image) -> np.ndarray [H, W] in [0, 1], 1 = nearest (DPT)
 
 Install: `pip install -e '.[transformers]'` (core env, transformers 5, no torchvision).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from margrpo.eval.detections import Detection
@@ -30,6 +32,10 @@ class AttributeScorer(Protocol):
 
 class VQA(Protocol):
     def p_yes(self, image, questions: list[str]) -> list[float]: ...
+
+
+class DepthMap(Protocol):
+    def depth(self, image) -> "np.ndarray": ...
 
 
 class ZeroShotDetector:
@@ -125,3 +131,35 @@ class BlipVQA:
                                 encoder_attention_mask=inputs["attention_mask"]).logits[:, -1]
         pair = logits[:, self.answer_ids].float().softmax(-1)
         return pair[:, 0].cpu().tolist()
+
+
+class DepthEstimator:
+    """Monocular depth through transformers' AutoModelForDepthEstimation (T2I-CompBench++ uses
+    DPT-hybrid MiDaS: transformers' DPTForDepthEstimation, e.g. a local Intel/dpt-hybrid-midas
+    folder). Returns the prediction resized to the image (bilinear, corners aligned as the
+    official script), min-max normalised per image to [0, 1] with 1 = nearest: MiDaS / DPT
+    predict relative inverse depth already; for a model predicting distance (larger =
+    farther, e.g. metric ZoeDepth) set larger_is_nearer=False and the map is flipped."""
+
+    def __init__(self, model_path: str, device: str = "auto", larger_is_nearer: bool = True):
+        path = require_paths("depth", EXTRA, depth_path=model_path)["depth_path"]
+        set_offline()
+        tf = require_module("transformers", "depth", EXTRA)
+        self.device = pick_device(device)
+        self.processor = tf.AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
+        self.model = tf.AutoModelForDepthEstimation.from_pretrained(
+            str(path), local_files_only=True).to(self.device).eval()
+        self.larger_is_nearer = bool(larger_is_nearer)
+
+    @torch.no_grad()
+    def depth(self, image) -> np.ndarray:
+        inputs = self.processor(images=image, return_tensors="pt").to(self.device)
+        pred = self.model(**inputs).predicted_depth.float()  # [1, h, w] at the model's size
+        pred = torch.nn.functional.interpolate(pred[:, None], size=(image.height, image.width),
+                                               mode="bilinear", align_corners=True)[0, 0]
+        lo, hi = pred.min(), pred.max()
+        # a constant map carries no order: all zeros, so every depth comparison fails
+        d = (pred - lo) / (hi - lo) if hi > lo else torch.zeros_like(pred)
+        if not self.larger_is_nearer:
+            d = 1.0 - d
+        return d.cpu().numpy()  # [H, W] float32

@@ -10,6 +10,12 @@ the question_id). Per category:
   non_spatial: CLIP cosine of image and prompt.
   complex: the rules' complex_score over {"vqa", "clip", and "spatial" when the prompt has a
       left/right/top/bottom relation}.
+  3d_spatial: "A in front of / behind / hidden by B": the detector's Detections of A and B
+      plus the depth backend's map (image size, larger = nearer), scored by the rules'
+      spatial3d_score. Differences from the official script: head nouns of the two sides
+      instead of spaCy's first / last noun, no girl/boy/man/woman -> "person" mapping (an
+      open-vocabulary detector is asked for the word itself), the highest-scoring detection
+      of each class, and a float depth map at image size instead of an 8-bit PNG.
 Output per category: <out>/<category>/<annotation dir>/vqa_result.json, a list of
 {"question_id", "answer"} as the official scripts write, plus <out>/t2i_summary.json.
 """
@@ -22,11 +28,13 @@ from pathlib import Path
 LABEL = "protocol re-implementation (not the official T2I-CompBench scorer)"
 ANNOTATION_DIR = {"color": "annotation_blip", "shape": "annotation_blip", "texture": "annotation_blip",
                   "spatial": "annotation_obj_detection_2d", "numeracy": "annotation_num",
-                  "non_spatial": "annotation_clip", "complex": "annotation_3_in_1"}
+                  "non_spatial": "annotation_clip", "complex": "annotation_3_in_1",
+                  "3d_spatial": "annotation_obj_detection_3d"}
 RELATIONS = {"left": "left of", "right": "right of", "top": "above", "bottom": "below"}
 NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
            "eight": 8, "nine": 9, "ten": 10, "a": 1, "an": 1}
 SPATIAL_RE = re.compile(r"^(?P<a>.+?) on (?:the )?(?P<rel>left|right|top|bottom) of (?P<b>.+)$")
+SPATIAL_3D_RE = re.compile(r"^(?P<a>.+?) (?P<rel>in front of|behind|hidden by) (?P<b>.+)$")
 
 
 def list_images(folder: str | Path) -> list[tuple[int, str, Path]]:
@@ -69,6 +77,17 @@ def parse_spatial(prompt: str) -> dict | None:
                         {"class": a, "count": 1, "position": [RELATIONS[m["rel"]], 0]}]}
 
 
+def parse_spatial_3d(prompt: str) -> dict | None:
+    """"A hidden by B" -> rules' meta: include[0] = B, include[1] = A with its 3D relation."""
+    m = SPATIAL_3D_RE.match(prompt.strip().rstrip("."))
+    if not m:
+        return None
+    rel = "hidden" if m["rel"] == "hidden by" else m["rel"]
+    return {"category": "3d_spatial", "prompt": prompt,
+            "include": [{"class": head_noun(m["b"]), "count": 1},
+                        {"class": head_noun(m["a"]), "count": 1, "position": [rel, 0]}]}
+
+
 def parse_numeracy(prompt: str) -> dict:
     include = []
     for phrase in split_phrases(prompt):
@@ -78,7 +97,8 @@ def parse_numeracy(prompt: str) -> dict:
     return {"category": "numeracy", "prompt": prompt, "include": include}
 
 
-def score_prompt(category: str, prompt: str, image, vqa=None, detector=None, clip=None) -> float | None:
+def score_prompt(category: str, prompt: str, image, vqa=None, detector=None, clip=None,
+                 depth=None) -> float | None:
     """One image's score in [0, 1] (None when the prompt has no parse for its rule)."""
     from margrpo.eval import t2i
 
@@ -92,6 +112,14 @@ def score_prompt(category: str, prompt: str, image, vqa=None, detector=None, cli
             return None
         nouns = [r["class"] for r in meta["include"]]
         return t2i.spatial_score(meta, detector.detect(image, nouns))
+    if category == "3d_spatial":
+        meta = parse_spatial_3d(prompt)
+        if meta is None:
+            return None
+        dmap = depth.depth(image)  # [H, W], the image's pixel frame, as the boxes
+        if tuple(dmap.shape) != (image.height, image.width):
+            raise ValueError(f"depth map {tuple(dmap.shape)} is not the image size {(image.height, image.width)}")
+        return t2i.spatial3d_score(meta, detector.detect(image, [r["class"] for r in meta["include"]]), dmap)
     if category == "numeracy":
         meta = parse_numeracy(prompt)
         nouns = sorted({r["class"] for r in meta["include"]})
@@ -110,13 +138,13 @@ def score_prompt(category: str, prompt: str, image, vqa=None, detector=None, cli
 
 
 def run_category(category: str, image_folder: str | Path, out_dir: str | Path,
-                 vqa=None, detector=None, clip=None) -> dict:
+                 vqa=None, detector=None, clip=None, depth=None) -> dict:
     """Score one category folder; write the official-format vqa_result.json."""
     from PIL import Image
 
     results, skipped = [], 0
     for qid, prompt, path in list_images(image_folder):
-        s = score_prompt(category, prompt, Image.open(path).convert("RGB"), vqa, detector, clip)
+        s = score_prompt(category, prompt, Image.open(path).convert("RGB"), vqa, detector, clip, depth)
         if s is None:
             skipped += 1
             continue
@@ -129,13 +157,14 @@ def run_category(category: str, image_folder: str | Path, out_dir: str | Path,
 
 
 def run_t2i(image_root: str | Path, out_dir: str | Path, categories: list[str] | None = None,
-            vqa=None, detector=None, clip=None) -> dict:
-    """image_root/<category>/ folders -> per-category results and t2i_summary.json."""
+            vqa=None, detector=None, clip=None, depth=None) -> dict:
+    """image_root/<category>/ folders -> per-category results and t2i_summary.json.
+    depth: a DepthEstimator-like backend, needed for 3d_spatial only."""
     root = Path(image_root)
     cats = categories or [c for c in ANNOTATION_DIR if (root / c).is_dir()]
     summary = {"label": LABEL, "categories": {}}
     for cat in cats:
-        summary["categories"][cat] = run_category(cat, root / cat, out_dir, vqa, detector, clip)
+        summary["categories"][cat] = run_category(cat, root / cat, out_dir, vqa, detector, clip, depth)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "t2i_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
