@@ -205,3 +205,36 @@ def test_policy_callables_score_what_they_sample():
     lp = logp_fn(states, rows)
     assert lp.shape == (5, 2, 3) and torch.allclose(lp, lp_ref, atol=1e-5)
     assert lp.requires_grad  # gradient reaches the head parameters through the guided mean
+
+
+def test_resample_reuses_given_chains_and_scores_only_the_loss_steps():
+    """The trainer hands `resample` the uncertainty map's chains and asks for logp_old at the
+    loss head steps only; the draw must keep those chains and match a full recompute there."""
+    pol = _TinyPolicy()
+    g = torch.Generator().manual_seed(7)
+    z_c, z_u = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    logp_fn, sample_fn = policy_callables(pol, z_c, z_u, cfg_scale=2.0)
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    rows = mask.reshape(-1).nonzero().squeeze(-1)
+    with torch.no_grad():
+        given = sample_fn(torch.randn(6, 3, rows.numel(), 2, generator=g), rows)
+    chain, logp = torch.zeros(6, 2, 3, 2), torch.zeros(5, 2, 3)
+    steps = torch.tensor([1, 3])
+    d = draw_chains("resample", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
+                    num_chains=3, states=given, logp_steps=steps)
+    assert torch.equal(d.states, given) and torch.equal(d.logp_steps, steps)
+    with torch.no_grad():
+        full = logp_fn(given, rows)
+    assert d.logp_old.shape == (2, 3, rows.numel()) and torch.allclose(d.logp_old, full[steps], atol=1e-6)
+    adv = torch.randn(2)
+    terms, st = chain_policy_terms(d, logp_fn(d.states, d.rows, steps), adv, 0.2, n_tokens=3, head_steps=steps)
+    assert terms.shape == (2, 3, rows.numel()) and float(st["clipfrac"]) == 0.0
+    with pytest.raises(ValueError, match="logp_steps"):
+        chain_policy_terms(d, full, adv, 0.2, n_tokens=3)
+    with pytest.raises(ValueError, match="resample states"):
+        draw_chains("resample", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
+                    num_chains=4, states=given)
+    # posterior needs every transition for its weights: logp_steps is ignored there
+    dp = draw_chains("posterior", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
+                     num_chains=3, generator=torch.Generator().manual_seed(0), logp_steps=steps)
+    assert dp.logp_steps is None and dp.logp_old.shape[0] == pol.sampler.num_steps

@@ -18,8 +18,9 @@ A times the estimator of d log p_theta(x0) / dtheta:
 
 The model enters only through two callables, so the estimators run on a toy without a
 network (tests/test_estimators.py) and on any MARPolicy (`policy_callables`):
-- logp_fn(states [T+1, M, R, D], rows [R]) -> [T, M, R]: per-transition log-probs under the
-  policy of the given chains for the tokens `rows`.
+- logp_fn(states [T+1, M, R, D], rows [R], steps=None) -> [T, M, R] (or [S, M, R] at the
+  head steps `steps`): per-transition log-probs under the policy of the given chains for the
+  tokens `rows`. `steps` is only passed when the caller asks for it (`logp_steps`).
 - sample_fn(noise [T+1, M, R, D], rows [R]) -> states [T+1, M, R, D]: chains drawn by the
   policy from initial noise noise[0] and step noises noise[1:] (needed by `resample` only).
 rows is a flat index into the B * n tokens of the AR step (row-major over [B, n]).
@@ -54,7 +55,8 @@ class ChainDraw:
 
     states: [T+1, M, R, D]; states[T] is the committed token for single / elbo / posterior.
     weights: [M, R], sum to 1 over M for every token.
-    logp_old: [T, M, R] transition log-probs under the old policy.
+    logp_old: [T, M, R] transition log-probs under the old policy, or [S, M, R] at the head
+    steps `logp_steps` only (uniform-weight estimators need no more than the loss steps).
     rows: [R] long, flat index into B * n.
     ess: [R] effective sample size 1 / sum_s w_s^2 (M for uniform weights).
     """
@@ -64,6 +66,7 @@ class ChainDraw:
     logp_old: torch.Tensor
     rows: torch.Tensor
     ess: torch.Tensor
+    logp_steps: torch.Tensor | None = None
 
     @property
     def num_chains(self) -> int:
@@ -97,12 +100,19 @@ def draw_chains(
     num_chains: int,
     generator: torch.Generator | None = None,
     sample_fn: SampleFn | None = None,
+    states: torch.Tensor | None = None,
+    logp_steps: torch.Tensor | None = None,
 ) -> ChainDraw:
     """Chains, weights and old log-probs of one AR step for the tokens in `mask`.
 
     chain: [T+1, B, n, D] rollout chain (chain[T] = committed tokens x0); logp: [T, B, n]
     its recorded log-probs; mask: [B, n] bool selected tokens; num_chains: M (ignored by
     `single`); generator: source of all draws (noise shape [T(+1), M, R, D], in that order).
+    states: `resample` only, chains [T+1, M, R, D] already drawn by the old policy from the
+    same z (the uncertainty map's chains, reused as the authors do) instead of new draws.
+    logp_steps: long [S]; for `resample` / `elbo` compute logp_old at these head steps only
+    (their weights are uniform, so the loss steps are all they need); ignored by `posterior`,
+    whose weights need every transition.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
@@ -117,7 +127,10 @@ def draw_chains(
     if m < 1:
         raise ValueError(f"num_chains must be >= 1, got {num_chains}")
     with torch.no_grad():
-        if estimator == "resample":
+        if estimator == "resample" and states is not None:
+            if states.shape != (t_steps + 1, m, r, d):
+                raise ValueError(f"resample states must be {(t_steps + 1, m, r, d)}, got {tuple(states.shape)}")
+        elif estimator == "resample":
             if sample_fn is None:
                 raise ValueError("the resample estimator needs sample_fn")
             noise = torch.randn(t_steps + 1, m, r, d, generator=generator)
@@ -125,13 +138,17 @@ def draw_chains(
         else:
             noise = torch.randn(t_steps, m, r, d, generator=generator)
             states = sampler.q_chain(x_rows[-1].unsqueeze(0).expand(m, r, d), noise)
-        logp_old = logp_fn(states, rows).float()
+        if estimator == "posterior" or logp_steps is None:
+            logp_steps = None
+            logp_old = logp_fn(states, rows).float()
+        else:
+            logp_old = logp_fn(states, rows, logp_steps).float()
         if estimator == "posterior":
             weights = torch.softmax(posterior_log_weights(states, logp_old, sampler), dim=0)
         else:
             weights = torch.full((m, r), 1.0 / m)
         ess = 1.0 / weights.pow(2).sum(0)
-    return ChainDraw(states, weights, logp_old, rows, ess)
+    return ChainDraw(states, weights, logp_old, rows, ess, logp_steps)
 
 
 def policy_callables(
@@ -153,11 +170,11 @@ def policy_callables(
         zr = z.reshape(-1, z.shape[-1])[rows]
         return zr.unsqueeze(0).expand(m, *zr.shape)
 
-    def logp_fn(states: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def logp_fn(states: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
         m = states.shape[1]
+        steps = range(policy.sampler.num_steps) if steps is None else steps.tolist()
         lp, _, _ = chain_log_probs(
-            policy, rows_of(z_c, rows, m), rows_of(z_u, rows, m), states,
-            range(policy.sampler.num_steps), cfg_scale, cfg_mode,
+            policy, rows_of(z_c, rows, m), rows_of(z_u, rows, m), states, steps, cfg_scale, cfg_mode,
         )
         return lp
 
@@ -185,7 +202,12 @@ def chain_policy_terms(
     (long [S]; default all T). adv: [B] image advantages; n_tokens: n, tokens per image of
     this AR step, to map rows to images (row // n).
     """
-    old = draw.logp_old if head_steps is None else draw.logp_old[head_steps]
+    if draw.logp_steps is not None:
+        if head_steps is None or not torch.equal(head_steps, draw.logp_steps):
+            raise ValueError("this draw holds logp_old at its logp_steps only; score it at exactly those head steps")
+        old = draw.logp_old
+    else:
+        old = draw.logp_old if head_steps is None else draw.logp_old[head_steps]
     a = adv[draw.rows // n_tokens].view(1, 1, -1)
     return ppo_clipped_term(logp_new, old, a, clip_range, weight=draw.weights.unsqueeze(0))
 

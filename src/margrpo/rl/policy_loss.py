@@ -55,18 +55,23 @@ def speculative_steps_needed(method: ResolvedMethod, ar_steps: list[int]) -> lis
     return sorted(need)
 
 
-def _uncertainty(policy: MARPolicy, zc, zu, mask, m: int, cfg: float, gen: torch.Generator) -> torch.Tensor:
-    """Variance of M fresh chains' final tokens per loss token: [B, n+m] (0 outside mask)."""
+def _uncertainty(policy: MARPolicy, zc, zu, mask, m: int, cfg: float, gen: torch.Generator):
+    """Variance of M fresh chains' final tokens per loss token.
+
+    Returns (uncertainty [B, n+m] (0 outside mask), chains [T+1, M, R, D] of the R = mask.sum()
+    loss tokens in row-major order, or None when there are none).
+    """
     b, n = mask.shape
     rows = mask.reshape(-1).nonzero().squeeze(-1)
     out = torch.zeros(b * n)
+    states = None
     if rows.numel() and m > 1:
         zr_c = zc.reshape(b * n, -1)[rows].unsqueeze(0).expand(m, -1, -1)
         zr_u = zu.reshape(b * n, -1)[rows].unsqueeze(0).expand(m, -1, -1)
         noise = torch.randn(policy.sampler.num_steps + 1, m, rows.numel(), policy.token_dim, generator=gen)
         states, _, _, _ = sample_chain(policy, zr_c, zr_u, noise, cfg)
         out[rows] = uncertainty_map(states[-1].unsqueeze(1)).squeeze(0)
-    return out.reshape(b, n)
+    return out.reshape(b, n), states
 
 
 @torch.no_grad()
@@ -105,16 +110,21 @@ def prepare(
         if method.estimator != "single":
             z_c, z_u = policy.encode(rollout, i)
             zc, zu = gather_rows(z_c, pos), gather_rows(z_u, pos)
-            selected = mask
+            selected, reuse = mask, None
             if method.topk:
-                unc = _uncertainty(policy, zc, zu, mask, method.num_trajectories, rollout.cfg_scale, gen)
+                unc, unc_chains = _uncertainty(policy, zc, zu, mask, method.num_trajectories, rollout.cfg_scale, gen)
                 selected = topk_mask(unc, method.k, candidates=mask)
+                if method.estimator == "resample" and unc_chains is not None:
+                    # The uncertainty chains are M fresh chains from the same z, exactly what
+                    # `resample` draws: reuse those of the selected tokens (as the authors do).
+                    reuse = unc_chains[:, :, selected.reshape(-1)[mask.reshape(-1)]]
                 stats["diag/uncertainty_mean"] = unc[mask].mean().item() if mask.any() else 0.0
                 stats["select/topk_frac"] = selected.sum().item() / max(1, mask.sum().item())
             logp_fn, sample_fn = policy_callables(policy, zc, zu, rollout.cfg_scale, cfg_mode)
             draw = draw_chains(
                 method.estimator, sampler=policy.sampler, logp_fn=logp_fn, chain=chain, logp=logp,
                 mask=selected, num_chains=method.num_trajectories, generator=gen, sample_fn=sample_fn,
+                states=reuse, logp_steps=hs,
             )
             if draw.ess.numel():
                 stats["select/ess"] = draw.ess.median().item()
