@@ -107,3 +107,9 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
     ck = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
     assert ck["step"] == 3 and ck["nonfinite"][0] == 1  # step 3 skipped and saved; step 4 stops
     assert all(torch.isfinite(v).all() for v in ck["policy"].values())
+
+
+def test_method_learning_rate_overrides_train_lr():
+    tr = make_trainer(**{"methods.mar_grpo.lr": 3e-4, "train.lr": 1e-5})
+    assert [g["lr"] for g in tr.opt.param_groups] == [3e-4]
+    assert [g["lr"] for g in make_trainer("grpo", **{"train.lr": 1e-5}).opt.param_groups] == [1e-5]

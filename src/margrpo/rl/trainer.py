@@ -72,7 +72,7 @@ class Trainer:
             p.requires_grad_(not method.freeze_head)
         trainable = self.ar_params + ([] if method.freeze_head else self.head_params)
         t = self.tcfg
-        self.opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        self.opt = torch.optim.AdamW(trainable, lr=method.lr or t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t))
         self.gens = {name: torch.Generator().manual_seed(seed * 1000 + k) for k, name in enumerate(GENERATORS)}
         self.step = 0
