@@ -78,7 +78,9 @@ def preamble() -> None:
 
 def tracking_root() -> Path:
     """Where mlflow.db lives: the main repo even for queued / temp experiments."""
-    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
+    from margrpo.tracking.runs import main_repo_root
+
+    return main_repo_root(Path(os.environ.get("DVC_ROOT") or Path.cwd()))
 
 
 def load():

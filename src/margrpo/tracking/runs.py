@@ -29,6 +29,20 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve()}/mlflow.db"
 
 
+def main_repo_root(root: Path) -> Path:
+    """The repository whose mlflow.db a run logs to.
+
+    `dvc exp run --temp` and queued experiments run in a scratch workspace under
+    <repo>/.dvc/tmp/exps/ and DVC_ROOT points there; their runs belong in <repo>'s store,
+    next to the workspace runs, or they would vanish with the scratch folder.
+    """
+    parts = Path(root).resolve().parts
+    for i in range(len(parts) - 2):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return Path(root).resolve()
+
+
 def git_revision(root: Path) -> str:
     # Queued/temp experiments run in a scratch clone; DVC passes the baseline commit.
     rev = os.environ.get("DVC_EXP_BASELINE_REV")
