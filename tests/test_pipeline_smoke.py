@@ -82,4 +82,15 @@ def test_pipeline_smoke(tmp_path):
     # The ablation knob reruns only what reads it.
     out = dvc(root, "exp", "run", "-S", "k=0.5")
     assert ran_stages(out) == {"train@mar_grpo", "evaluate@mar_grpo", "report"}, out[-3000:]
+
+    # A --temp experiment runs in .dvc/tmp/exps/... yet logs to this repo's store. Commit the
+    # study's cache: false outputs first, as a researcher would, so the scratch workspace has them.
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "study outputs"], cwd=root, check=True)
+    out = dvc(root, "exp", "run", "--temp", "-S", "tau=0.5")
+    assert ran_stages(out) == {"train@mar_grpo", "evaluate@mar_grpo", "report"}, out[-3000:]
+    parents = db.execute("select count(*) from tags where key = 'margrpo.role' and value = 'parent'").fetchone()[0]
+    assert parents == 3, "the --temp experiment's runs did not reach the main repo's mlflow.db"
+    assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))
     print(f"dvc repro: {repro_s:.0f} s; total with the k experiment: {time.time() - t0:.0f} s")

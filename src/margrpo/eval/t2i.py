@@ -100,20 +100,24 @@ def determine_position(relation: str, box1, box2, iou_threshold: float = SPATIAL
     return 1.0 if iou < iou_threshold else iou_threshold / iou
 
 
-def spatial_score(meta: dict, detections: list[Detection]) -> float:
-    """UniDet 2D-spatial score for "A rel B" (include[1] = A with its position, include[0] = B).
-    Like UniDet, it reads classes only (attributes are the attribute part's job)."""
+def _pair_score(meta: dict, detections: list[Detection], position) -> float:
+    """UniDet's score of "A rel B" (include[1] = A with its position, include[0] = B), from
+    the highest-scoring detection of each class: 0.25 s_A + 0.25 s_B + 0.5 position(rel, box_A,
+    box_B) with both found, 0.25 s of the one found, else 0. Classes only, as UniDet reads."""
     b_req, a_req = meta["include"][0], meta["include"][1]
-    rel = a_req["position"][0]
     ranked = sorted(detections, key=lambda d: -d.score)
     a = next((d for d in ranked if d.label == a_req["class"]), None)
     b = next((d for d in ranked if d.label == b_req["class"]), None)
     if a is not None and b is not None:
-        score = 0.25 * a.score + 0.25 * b.score + 0.5 * determine_position(rel, a.box, b.box)
-    elif a is not None or b is not None:
-        score = 0.25 * (a or b).score
-    else:
-        score = 0.0
+        return 0.25 * a.score + 0.25 * b.score + 0.5 * position(a_req["position"][0], a.box, b.box)
+    if a is not None or b is not None:
+        return 0.25 * (a or b).score
+    return 0.0
+
+
+def spatial_score(meta: dict, detections: list[Detection]) -> float:
+    """UniDet 2D-spatial score for "A rel B"; scores under 0.5 count as 0, as in UniDet."""
+    score = _pair_score(meta, detections, determine_position)
     return score if score >= 0.5 else 0.0
 
 
@@ -145,18 +149,9 @@ def depth_position(relation: str, box1, box2, depth, iou_threshold: float = SPAT
 
 def spatial3d_score(meta: dict, detections: list[Detection], depth, transposed: bool = False) -> float:
     """UniDet 3D-spatial score for "A rel B" (include[1] = A with its position, include[0] = B;
-    the same meta layout as spatial_score), depth [H, W] in the boxes' pixel frame."""
-    b_req, a_req = meta["include"][0], meta["include"][1]
-    rel = a_req["position"][0]
-    ranked = sorted(detections, key=lambda d: -d.score)
-    a = next((d for d in ranked if d.label == a_req["class"]), None)
-    b = next((d for d in ranked if d.label == b_req["class"]), None)
-    if a is not None and b is not None:
-        return 0.25 * a.score + 0.25 * b.score + 0.5 * depth_position(rel, a.box, b.box, depth,
-                                                                      transposed=transposed)
-    if a is not None or b is not None:
-        return 0.25 * (a or b).score
-    return 0.0
+    the same meta layout as spatial_score), depth [H, W] in the boxes' pixel frame. No 0.5 cut."""
+    return _pair_score(meta, detections,
+                       lambda rel, box_a, box_b: depth_position(rel, box_a, box_b, depth, transposed=transposed))
 
 
 def numeracy_score(meta: dict, detections: list[Detection], threshold: float = 0.3) -> float:

@@ -38,6 +38,19 @@ class DepthMap(Protocol):
     def depth(self, image) -> "np.ndarray": ...
 
 
+def load_hf_pair(name: str, param: str, model_path: str, device: str, processor_cls: str, model_cls: str):
+    """(device, processor, model) of a transformers model in a local folder, offline, in
+    eval mode: the start-up shared by every adapter below. param names the params key that
+    points at the folder (it appears in the missing-path error)."""
+    path = require_paths(name, EXTRA, **{param: model_path})[param]
+    set_offline()
+    tf = require_module("transformers", name, EXTRA)
+    dev = pick_device(device)
+    processor = getattr(tf, processor_cls).from_pretrained(str(path), local_files_only=True)
+    model = getattr(tf, model_cls).from_pretrained(str(path), local_files_only=True).to(dev).eval()
+    return dev, processor, model
+
+
 class ZeroShotDetector:
     """OWL-ViT / OWLv2 zero-shot detection through transformers'
     AutoModelForZeroShotObjectDetection; queries are "a photo of a {class}" and labels come
@@ -45,13 +58,8 @@ class ZeroShotDetector:
 
     def __init__(self, model_path: str, min_score: float = 0.05, device: str = "auto",
                  template: str = "a photo of a {}"):
-        path = require_paths("detector", EXTRA, detector_path=model_path)["detector_path"]
-        set_offline()
-        tf = require_module("transformers", "detector", EXTRA)
-        self.device = pick_device(device)
-        self.processor = tf.AutoProcessor.from_pretrained(str(path), local_files_only=True)
-        self.model = tf.AutoModelForZeroShotObjectDetection.from_pretrained(
-            str(path), local_files_only=True).to(self.device).eval()
+        self.device, self.processor, self.model = load_hf_pair(
+            "detector", "detector_path", model_path, device, "AutoProcessor", "AutoModelForZeroShotObjectDetection")
         self.min_score, self.template = float(min_score), template
 
     @torch.no_grad()
@@ -104,13 +112,8 @@ class BlipVQA:
     are one token, so this equals ranking the answer list ["yes", "no"])."""
 
     def __init__(self, model_path: str, device: str = "auto"):
-        path = require_paths("blip-vqa", EXTRA, vqa_path=model_path)["vqa_path"]
-        set_offline()
-        tf = require_module("transformers", "blip-vqa", EXTRA)
-        self.device = pick_device(device)
-        self.processor = tf.BlipProcessor.from_pretrained(str(path), local_files_only=True)
-        self.model = tf.BlipForQuestionAnswering.from_pretrained(
-            str(path), local_files_only=True).to(self.device).eval()
+        self.device, self.processor, self.model = load_hf_pair(
+            "blip-vqa", "vqa_path", model_path, device, "BlipProcessor", "BlipForQuestionAnswering")
         tok = self.processor.tokenizer
         self.answer_ids = [tok(a, add_special_tokens=False)["input_ids"][0] for a in ("yes", "no")]
 
@@ -142,13 +145,8 @@ class DepthEstimator:
     farther, e.g. metric ZoeDepth) set larger_is_nearer=False and the map is flipped."""
 
     def __init__(self, model_path: str, device: str = "auto", larger_is_nearer: bool = True):
-        path = require_paths("depth", EXTRA, depth_path=model_path)["depth_path"]
-        set_offline()
-        tf = require_module("transformers", "depth", EXTRA)
-        self.device = pick_device(device)
-        self.processor = tf.AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
-        self.model = tf.AutoModelForDepthEstimation.from_pretrained(
-            str(path), local_files_only=True).to(self.device).eval()
+        self.device, self.processor, self.model = load_hf_pair(
+            "depth", "depth_path", model_path, device, "AutoImageProcessor", "AutoModelForDepthEstimation")
         self.larger_is_nearer = bool(larger_is_nearer)
 
     @torch.no_grad()
