@@ -53,6 +53,23 @@ def tiny_clip_dir(root: Path, projection_dim: int = 16, image_size: int = 32, se
     return out
 
 
+LEGACY_PY = Path(__file__).resolve().parents[2] / ".venvs" / "legacy" / "bin" / "python"
+
+
+def legacy_fixture(script: str, dst: Path) -> dict:
+    """Run a tiny-model fixture script (tests/backends/<script>) in .venvs/legacy, which
+    builds the model in dst and prints the reward params as its last line; skip when that
+    venv is absent (it is built by scripts/setup_backend_env.sh legacy, not in CI)."""
+    import json
+    import subprocess
+
+    if not LEGACY_PY.exists():
+        pytest.skip(f"{LEGACY_PY} missing: run scripts/setup_backend_env.sh legacy")
+    out = subprocess.run([str(LEGACY_PY), str(Path(__file__).with_name(script)), str(dst)],
+                         check=True, capture_output=True, text=True, timeout=600).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def random_images(n: int, h: int = 40, w: int = 48, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, 3, h, w, generator=g)

@@ -3,20 +3,13 @@ tower (the ViT-L image tower is fixed by the package): in process in .venvs/lega
 from the core env through the loopback scorer started in .venvs/legacy."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from margrpo.rewards.base import build_reward
 
-from .conftest import random_images
+from .conftest import LEGACY_PY, legacy_fixture, random_images
 
-ROOT = Path(__file__).resolve().parents[2]
-LEGACY_PY = ROOT / ".venvs" / "legacy" / "bin" / "python"
 PROMPTS = ["a red cube", "two dogs on a bench", "a photo of a cat"]
 
 
@@ -37,11 +30,7 @@ def test_imagereward_in_process_matches_package_score(tmp_path):
 
 
 def test_imagereward_through_legacy_env_server(tmp_path):
-    if not LEGACY_PY.exists():
-        pytest.skip(f"{LEGACY_PY} missing: run scripts/setup_backend_env.sh legacy")
-    params = json.loads(subprocess.run(
-        [str(LEGACY_PY), str(ROOT / "tests" / "backends" / "ir_fixture.py"), str(tmp_path / "w")],
-        check=True, capture_output=True, text=True, timeout=600).stdout.strip().splitlines()[-1])
+    params = legacy_fixture("ir_fixture.py", tmp_path / "w")
     reward = build_reward("imagereward", python=str(LEGACY_PY), workdir=str(tmp_path / "run"),
                           batch_size=4, **params)
     try:

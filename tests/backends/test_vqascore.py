@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from margrpo.rewards.base import build_reward
 
-from .conftest import random_images
+from .conftest import LEGACY_PY, legacy_fixture, random_images
 
-ROOT = Path(__file__).resolve().parents[2]
-LEGACY_PY = ROOT / ".venvs" / "legacy" / "bin" / "python"
 PROMPTS = ["a red cube", "two dogs on a bench", "a photo of a cat"]
 # the package's 't5_chat' prompt, written out here so the reference does not reuse its code
 SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant "
@@ -84,11 +81,7 @@ def test_vqascore_in_process_matches_reference(tmp_path, monkeypatch):
 
 
 def test_vqascore_through_legacy_env_server(tmp_path):
-    if not LEGACY_PY.exists():
-        pytest.skip(f"{LEGACY_PY} missing: run scripts/setup_backend_env.sh legacy")
-    params = json.loads(subprocess.run(
-        [str(LEGACY_PY), str(ROOT / "tests" / "backends" / "vqa_fixture.py"), str(tmp_path / "w")],
-        check=True, capture_output=True, text=True, timeout=600).stdout.strip().splitlines()[-1])
+    params = legacy_fixture("vqa_fixture.py", tmp_path / "w")
     reward = build_reward("vqascore", python=str(LEGACY_PY), workdir=str(tmp_path / "run"),
                           keep_batches=True, batch_size=2, **params)
     images = random_images(3, 40, 48)
