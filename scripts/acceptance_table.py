@@ -16,6 +16,8 @@ import json
 import statistics
 from pathlib import Path
 
+from margrpo.report.curves import mean_std
+
 KEY = "eval/geneval/overall"
 TARGET_GAIN, BUDGET_MIN, MIN_SEEDS = 0.10, 10.0, 3
 
@@ -36,10 +38,6 @@ def train_minutes(models: Path, method: str, seed: str) -> tuple[float, float]:
     return sum(steps) / 60.0, statistics.median(steps)
 
 
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reports", type=Path, default=Path("reports"))
@@ -47,14 +45,14 @@ def main() -> None:
     ap.add_argument("--methods", default="grpo,mar_grpo")
     a = ap.parse_args()
     base = per_seed_scores(a.reports, "base")
-    base_mean, base_std = mean_std(list(base.values()))
-    print(f"| model | seeds | GenEval overall (held-out) | gain vs base | per seed | train min/seed | s/step | accept |")
+    base_mean, base_std, _ = mean_std(list(base.values()))
+    print("| model | seeds | GenEval overall (held-out) | gain vs base | per seed | train min/seed | s/step | accept |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| base | {len(base)} | {base_mean:.3f} +- {base_std:.3f} | - | "
           f"{', '.join(f'{v:.3f}' for v in base.values())} | - | - | - |")
     for method in a.methods.split(","):
         scores = per_seed_scores(a.reports, method)
-        m, s = mean_std(list(scores.values()))
+        m, s, _ = mean_std(list(scores.values()))
         times = [train_minutes(a.models, method, seed) for seed in scores]
         minutes = max(t for t, _ in times)
         step_s = statistics.median(st for _, st in times)

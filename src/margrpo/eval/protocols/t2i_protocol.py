@@ -162,6 +162,9 @@ def run_t2i(image_root: str | Path, out_dir: str | Path, categories: list[str] |
     depth: a DepthEstimator-like backend, needed for 3d_spatial only."""
     root = Path(image_root)
     cats = categories or [c for c in ANNOTATION_DIR if (root / c).is_dir()]
+    if "3d_spatial" in cats and (depth is None or detector is None):
+        raise ValueError("3d_spatial needs a detector and a depth backend (run_t2i(..., detector=, "
+                         "depth=DepthEstimator(<local DPT folder>))); pass them or leave 3d_spatial out")
     summary = {"label": LABEL, "categories": {}}
     for cat in cats:
         summary["categories"][cat] = run_category(cat, root / cat, out_dir, vqa, detector, clip, depth)
