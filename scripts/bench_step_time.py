@@ -1,6 +1,8 @@
 """Benchmark: MAR-GRPO step time / vanilla GRPO step time, side by side in one process.
 
-    .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6]
+    .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6] [--methods grpo,mar_grpo]
+
+Each method after the first is compared with the first (any method of params.yaml).
 
 Both trainers start from the same base model and alternate steps (so machine load hits
 both alike); each step is rollout + reward + selection/estimator draws + loss + update.
@@ -49,9 +51,9 @@ def main() -> None:
                 parts[n].append(m["time/rollout"])
     for n in names:
         print(f"{n:>10}: step {statistics.median(times[n]):.2f} s (rollout {statistics.median(parts[n]):.2f} s)")
-    if len(names) == 2:
-        r = statistics.median(times[names[1]]) / statistics.median(times[names[0]])
-        print(f"ratio {names[1]}/{names[0]}: {r:.2f} (target <= 1.3)")
+    for n in names[1:]:
+        r = statistics.median(times[n]) / statistics.median(times[names[0]])
+        print(f"ratio {n}/{names[0]}: {r:.2f} (target <= 1.3)")
 
 
 if __name__ == "__main__":

@@ -234,6 +234,24 @@ def test_resample_reuses_given_chains_and_scores_only_the_loss_steps():
     with pytest.raises(ValueError, match="resample states"):
         draw_chains("resample", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
                     num_chains=4, states=given)
+    # Log-probs recorded while drawing the chains replace the recompute: same values.
+    with torch.no_grad():
+        _, _, _, drawn_lp = sample_chain(pol, z_c.reshape(6, 5)[rows].expand(3, -1, -1),
+                                         z_u.reshape(6, 5)[rows].expand(3, -1, -1),
+                                         torch.randn(6, 3, rows.numel(), 2, generator=g), 2.0)
+    rec_states = sample_fn(torch.randn(6, 3, rows.numel(), 2, generator=torch.Generator().manual_seed(1)), rows)
+    with torch.no_grad():
+        _, _, _, rec_lp = sample_chain(pol, z_c.reshape(6, 5)[rows].expand(3, -1, -1),
+                                       z_u.reshape(6, 5)[rows].expand(3, -1, -1),
+                                       torch.randn(6, 3, rows.numel(), 2, generator=torch.Generator().manual_seed(1)), 2.0)
+    dr = draw_chains("resample", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
+                     num_chains=3, states=rec_states, states_logp=rec_lp, logp_steps=steps)
+    with torch.no_grad():
+        assert torch.allclose(dr.logp_old, logp_fn(rec_states, rows, steps), atol=1e-5)
+    assert not torch.allclose(drawn_lp[steps], dr.logp_old, atol=1e-3)  # other chains, other values
+    with pytest.raises(ValueError, match="states_logp goes with resample"):
+        draw_chains("resample", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
+                    num_chains=3, states=rec_states, states_logp=rec_lp[:, :2], logp_steps=steps)
     # posterior needs every transition for its weights: logp_steps is ignored there
     dp = draw_chains("posterior", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
                      num_chains=3, generator=torch.Generator().manual_seed(0), logp_steps=steps)

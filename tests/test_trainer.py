@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,24 @@ def test_method_learning_rate_overrides_train_lr():
     tr = make_trainer(**{"methods.mar_grpo.lr": 3e-4, "train.lr": 1e-5})
     assert [g["lr"] for g in tr.opt.param_groups] == [3e-4]
     assert [g["lr"] for g in make_trainer("grpo", **{"train.lr": 1e-5}).opt.param_groups] == [1e-5]
+
+
+@pytest.mark.parametrize("scope", ["loss", "committed"])
+def test_mte_scope_limits_the_multi_trajectory_tokens(scope):
+    tr = make_trainer(**{"methods.mar_grpo.mte_scope": scope, "methods.mar_grpo.token_scope": "committed+speculative",
+                         "k": 0.5})
+    metas, _ = tr.sample_batch()
+    ar, heads = tr.plan_steps()
+    ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
+                           speculative_steps=speculative_steps_needed(tr.method, ar))
+    plans = prepare(tr.policy, ro, ar, heads, tr.method, "guided", torch.Generator().manual_seed(1))
+    spec_selected = 0
+    for plan in plans:
+        n_commit, n_all = plan.groups[0][0].shape[1], plan.mask.shape[1]
+        col = plan.draw.rows % n_all
+        spec_selected += int((col >= n_commit).sum())
+        committed_rows = int(plan.mask[:, :n_commit].sum())
+        if scope == "committed":  # ceil(k * n) of each image's committed tokens, no speculative one
+            assert int((col < n_commit).sum()) == plan.mask.shape[0] * math.ceil(0.5 * n_commit)
+        assert committed_rows > 0
+    assert (spec_selected == 0) == (scope == "committed")

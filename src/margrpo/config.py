@@ -83,6 +83,9 @@ class MethodConfig(_Strict):
     consistency: bool = Field(False, description="consistency-aware token selection (tau)")
     consistency_rule: Literal["paper", "code"] = "paper"
     token_scope: Literal["committed", "committed+speculative"] = "committed"
+    mte_scope: Literal["loss", "committed"] = Field(
+        "loss", description="tokens that compete in the top-k for the multi-trajectory estimate: every loss "
+        "token (speculative ones too) or only the tokens committed at the AR step (the paper's tokens)")
     lr: float | None = Field(None, gt=0, description="this method's learning rate (default: train.lr); "
                              "methods are tuned separately, as in any fair comparison")
     uses_ablation_keys: bool = Field(False, description="read top-level k / tau / num_trajectories")
@@ -176,6 +179,7 @@ class ResolvedMethod(_Strict):
     consistency: bool
     consistency_rule: str
     token_scope: str
+    mte_scope: str
     lr: float | None
     k: float
     tau: float

@@ -101,6 +101,7 @@ def draw_chains(
     generator: torch.Generator | None = None,
     sample_fn: SampleFn | None = None,
     states: torch.Tensor | None = None,
+    states_logp: torch.Tensor | None = None,
     logp_steps: torch.Tensor | None = None,
 ) -> ChainDraw:
     """Chains, weights and old log-probs of one AR step for the tokens in `mask`.
@@ -110,6 +111,9 @@ def draw_chains(
     `single`); generator: source of all draws (noise shape [T(+1), M, R, D], in that order).
     states: `resample` only, chains [T+1, M, R, D] already drawn by the old policy from the
     same z (the uncertainty map's chains, reused as the authors do) instead of new draws.
+    states_logp: [T, M, R] the old policy's transition log-probs of `states`, recorded when
+    they were drawn; saves their recomputation (same values up to float rounding of the
+    batch shape, as for the rollout chain). Only with `states`.
     logp_steps: long [S]; for `resample` / `elbo` compute logp_old at these head steps only
     (their weights are uniform, so the loss steps are all they need); ignored by `posterior`,
     whose weights need every transition.
@@ -127,6 +131,9 @@ def draw_chains(
     if m < 1:
         raise ValueError(f"num_chains must be >= 1, got {num_chains}")
     with torch.no_grad():
+        if states_logp is not None and (estimator != "resample" or states is None or states_logp.shape != (t_steps, m, r)):
+            raise ValueError(f"states_logp goes with resample `states`, shape {(t_steps, m, r)}; "
+                             f"got {tuple(states_logp.shape)} for {estimator!r}")
         if estimator == "resample" and states is not None:
             if states.shape != (t_steps + 1, m, r, d):
                 raise ValueError(f"resample states must be {(t_steps + 1, m, r, d)}, got {tuple(states.shape)}")
@@ -138,7 +145,9 @@ def draw_chains(
         else:
             noise = torch.randn(t_steps, m, r, d, generator=generator)
             states = sampler.q_chain(x_rows[-1].unsqueeze(0).expand(m, r, d), noise)
-        if estimator == "posterior" or logp_steps is None:
+        if states_logp is not None:
+            logp_old = (states_logp if logp_steps is None else states_logp[logp_steps]).float()
+        elif estimator == "posterior" or logp_steps is None:
             logp_steps = None
             logp_old = logp_fn(states, rows).float()
         else:

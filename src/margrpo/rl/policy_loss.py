@@ -56,22 +56,23 @@ def speculative_steps_needed(method: ResolvedMethod, ar_steps: list[int]) -> lis
 
 
 def _uncertainty(policy: MARPolicy, zc, zu, mask, m: int, cfg: float, gen: torch.Generator):
-    """Variance of M fresh chains' final tokens per loss token.
+    """Variance of M fresh chains' final tokens per token in `mask`.
 
     Returns (uncertainty [B, n+m] (0 outside mask), chains [T+1, M, R, D] of the R = mask.sum()
-    loss tokens in row-major order, or None when there are none).
+    tokens in row-major order and their transition log-probs [T, M, R] under the guided
+    sampling policy, or (.., None, None) when there are none).
     """
     b, n = mask.shape
     rows = mask.reshape(-1).nonzero().squeeze(-1)
     out = torch.zeros(b * n)
-    states = None
+    states = logps = None
     if rows.numel() and m > 1:
         zr_c = zc.reshape(b * n, -1)[rows].unsqueeze(0).expand(m, -1, -1)
         zr_u = zu.reshape(b * n, -1)[rows].unsqueeze(0).expand(m, -1, -1)
         noise = torch.randn(policy.sampler.num_steps + 1, m, rows.numel(), policy.token_dim, generator=gen)
-        states, _, _, _ = sample_chain(policy, zr_c, zr_u, noise, cfg)
+        states, _, _, logps = sample_chain(policy, zr_c, zr_u, noise, cfg)
         out[rows] = uncertainty_map(states[-1].unsqueeze(1)).squeeze(0)
-    return out.reshape(b, n), states
+    return out.reshape(b, n), states, logps
 
 
 @torch.no_grad()
@@ -103,6 +104,11 @@ def prepare(
             groups.append((st.spec_idx, st.spec_chain, st.spec_logp))
             masks.append(keep)
         mask = torch.cat(masks, dim=1)
+        # Tokens that may get the multi-trajectory estimate: all loss tokens, or only the
+        # ones committed at this step (the first n columns of the layout).
+        candidates = mask.clone()
+        if method.mte_scope == "committed":
+            candidates[:, committed.shape[1]:] = False
         pos = torch.cat([g[0] for g in groups], dim=1)
         chain = torch.cat([g[1] for g in groups], dim=2)
         logp = torch.cat([g[2] for g in groups], dim=2)
@@ -110,21 +116,27 @@ def prepare(
         if method.estimator != "single":
             z_c, z_u = policy.encode(rollout, i)
             zc, zu = gather_rows(z_c, pos), gather_rows(z_u, pos)
-            selected, reuse = mask, None
+            selected, reuse, reuse_logp = candidates, None, None
             if method.topk:
-                unc, unc_chains = _uncertainty(policy, zc, zu, mask, method.num_trajectories, rollout.cfg_scale, gen)
-                selected = topk_mask(unc, method.k, candidates=mask)
+                unc, unc_chains, unc_logp = _uncertainty(
+                    policy, zc, zu, candidates, method.num_trajectories, rollout.cfg_scale, gen
+                )
+                selected = topk_mask(unc, method.k, candidates=candidates)
                 if method.estimator == "resample" and unc_chains is not None:
                     # The uncertainty chains are M fresh chains from the same z, exactly what
-                    # `resample` draws: reuse those of the selected tokens (as the authors do).
-                    reuse = unc_chains[:, :, selected.reshape(-1)[mask.reshape(-1)]]
-                stats["diag/uncertainty_mean"] = unc[mask].mean().item() if mask.any() else 0.0
+                    # `resample` draws: reuse those of the selected tokens (as the authors do),
+                    # and their sampling log-probs as logp_old when the loss scores the same
+                    # guided transitions (cfg_mode "guided"), as the rollout chain does.
+                    pick = selected.reshape(-1)[candidates.reshape(-1)]
+                    reuse = unc_chains[:, :, pick]
+                    reuse_logp = unc_logp[:, :, pick] if cfg_mode == "guided" else None
+                stats["diag/uncertainty_mean"] = unc[candidates].mean().item() if candidates.any() else 0.0
                 stats["select/topk_frac"] = selected.sum().item() / max(1, mask.sum().item())
             logp_fn, sample_fn = policy_callables(policy, zc, zu, rollout.cfg_scale, cfg_mode)
             draw = draw_chains(
                 method.estimator, sampler=policy.sampler, logp_fn=logp_fn, chain=chain, logp=logp,
                 mask=selected, num_chains=method.num_trajectories, generator=gen, sample_fn=sample_fn,
-                states=reuse, logp_steps=hs,
+                states=reuse, states_logp=reuse_logp, logp_steps=hs,
             )
             if draw.ess.numel():
                 stats["select/ess"] = draw.ess.median().item()
