@@ -108,6 +108,13 @@ def trained_model_dir(method: str, seed: int) -> Path:
     return RL_MODELS / method / f"seed{seed}"
 
 
+def train_record_dir(method: str, seed: int) -> Path:
+    """Per-seed training record (history.jsonl, selection_examples.pt): small, committed to
+    git (a `cache: false` output), so the report rebuilds from a fresh clone without the
+    trained weights, which live in the DVC cache only."""
+    return REPORTS / "train" / method / "seeds" / f"seed{seed}"
+
+
 def model_for(target: str, seed: int, params) -> Path:
     """The model a evaluation target uses for replicate `seed` (base: the same model)."""
     return Path(params.model.checkpoint) if target == "base" else trained_model_dir(target, seed) / "final"

@@ -20,7 +20,7 @@ def write_report(params) -> dict:
     from margrpo.report.render import to_html, to_markdown
 
     methods = list(params.methods)
-    sections, summary = build(params, [*common.EVAL_TARGETS, *methods], methods, common.REPORTS, common.RL_MODELS)
+    sections, summary = build(params, [*common.EVAL_TARGETS, *methods], methods, common.REPORTS)
     (common.REPORTS / "report.md").write_text(to_markdown(TITLE, sections, common.REPORTS))
     (common.REPORTS / "report.html").write_text(to_html(TITLE, sections))
     common.write_json(summary, common.REPORTS / "summary.json")

@@ -3,8 +3,9 @@
 `python -m pipeline.train --method mar_grpo`. Per seed, the trainer works in a checkpoint
 folder outside the DVC outputs (common.checkpoint_dir) and resumes from its ckpt.pt, so a
 killed `dvc repro` picks up where it stopped. Outputs:
-- models/rl/<method>/seed<s>/: final/ (the trained model), history.jsonl (one row per
-  step), selection_examples.pt (uncertainty / selection maps, when the method has them);
+- models/rl/<method>/seed<s>/final/: the trained model (DVC cache);
+- reports/train/<method>/seeds/seed<s>/: history.jsonl (one row per step) and
+  selection_examples.pt (uncertainty / selection maps, when the method has them), in git;
 - reports/train/<method>/curves.csv: per-step metrics averaged over seeds (a DVC plot);
 - reports/train/<method>/metrics.json: final-window means over seeds (DVC metrics).
 """
@@ -44,13 +45,14 @@ def train_seed(params, method: str, seed: int, study, run_id: str) -> Path:
     return out_dir
 
 
-def publish(ckpt_dir: Path, dest: Path) -> None:
-    """Copy what later stages read from the checkpoint folder into the DVC output."""
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(ckpt_dir / "final", dest / "final", dirs_exist_ok=True)
+def publish(ckpt_dir: Path, model_dest: Path, record_dest: Path) -> None:
+    """Copy what later stages read from the checkpoint folder into the DVC outputs."""
+    model_dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ckpt_dir / "final", model_dest / "final", dirs_exist_ok=True)
+    record_dest.mkdir(parents=True, exist_ok=True)
     for name in ("history.jsonl", "selection_examples.pt"):
         if (ckpt_dir / name).exists():
-            shutil.copy2(ckpt_dir / name, dest / name)
+            shutil.copy2(ckpt_dir / name, record_dest / name)
 
 
 @flow(name="train")
@@ -69,11 +71,11 @@ def train_method(method: str) -> None:
         run_id = study.child("train", method, seed)
         t0 = time.time()
         ckpt_dir = train_seed(params, method, seed, study, run_id)
-        dest = common.trained_model_dir(method, seed)
-        publish(ckpt_dir, dest)
-        histories[seed] = read_history(dest / "history.jsonl")
+        record = common.train_record_dir(method, seed)
+        publish(ckpt_dir, common.trained_model_dir(method, seed), record)
+        histories[seed] = read_history(record / "history.jsonl")
         study.log_metrics(run_id, {"time/train_wall_s": time.time() - t0}, t.steps)
-        study.log_artifact(run_id, dest / "history.jsonl", "train")
+        study.log_artifact(run_id, record / "history.jsonl", "train")
         study.finish(run_id)
     out = common.REPORTS / "train" / method
     write_curve_csv(mean_curve(list(histories.values())), out / "curves.csv")

@@ -4,7 +4,7 @@
 
 Reads what the study wrote (nothing is recomputed): reports/eval/<target>/per_seed.json
 (held-out scores of every seed, same prompts and image seeds for every target) and
-models/rl/<method>/seed<s>/history.jsonl (the trainer's per-step time/step, in seconds).
+reports/train/<method>/seeds/seed<s>/history.jsonl (the trainer's per-step time/step, in seconds).
 Prints one row per target with the mean +- std over seeds, the gain over the base, the
 training wall time per seed (sum of step times, probes and checkpoints excluded) and the
 acceptance check: gain >= +0.10 within <= 10 minutes of training, at least 3 seeds.
@@ -29,9 +29,9 @@ def per_seed_scores(reports: Path, target: str) -> dict[str, float]:
     return {seed: row[KEY] for seed, row in json.loads(path.read_text()).items()}
 
 
-def train_minutes(models: Path, method: str, seed: str) -> tuple[float, float]:
+def train_minutes(reports: Path, method: str, seed: str) -> tuple[float, float]:
     """(training minutes, median step seconds) of one seed from its history."""
-    path = models / method / f"seed{seed}" / "history.jsonl"
+    path = reports / "train" / method / "seeds" / f"seed{seed}" / "history.jsonl"
     if not path.exists():
         return float("nan"), float("nan")
     steps = [json.loads(line)["time/step"] for line in path.read_text().splitlines() if line.strip()]
@@ -41,7 +41,6 @@ def train_minutes(models: Path, method: str, seed: str) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reports", type=Path, default=Path("reports"))
-    ap.add_argument("--models", type=Path, default=Path("models/rl"))
     ap.add_argument("--methods", default="grpo,mar_grpo")
     a = ap.parse_args()
     base = per_seed_scores(a.reports, "base")
@@ -53,7 +52,7 @@ def main() -> None:
     for method in a.methods.split(","):
         scores = per_seed_scores(a.reports, method)
         m, s, _ = mean_std(list(scores.values()))
-        times = [train_minutes(a.models, method, seed) for seed in scores]
+        times = [train_minutes(a.reports, method, seed) for seed in scores]
         minutes = max(t for t, _ in times)
         step_s = statistics.median(st for _, st in times)
         ok = m - base_mean >= TARGET_GAIN and minutes <= BUDGET_MIN and len(scores) >= MIN_SEEDS
