@@ -109,10 +109,10 @@ def trained_model_dir(method: str, seed: int) -> Path:
 
 
 def train_record_dir(method: str, seed: int) -> Path:
-    """Per-seed training record (history.jsonl, selection_examples.pt): small, committed to
-    git (a `cache: false` output), so the report rebuilds from a fresh clone without the
-    trained weights, which live in the DVC cache only."""
-    return REPORTS / "train" / method / "seeds" / f"seed{seed}"
+    """Per-seed history and selection maps (a `cache: false` output, in git)."""
+    from margrpo.report.build import train_record_dir
+
+    return train_record_dir(REPORTS, method, seed)
 
 
 def model_for(target: str, seed: int, params) -> Path:

@@ -16,6 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
+from margrpo.report.build import train_record_dir
 from margrpo.report.curves import mean_std
 
 KEY = "eval/geneval/overall"
@@ -31,7 +32,7 @@ def per_seed_scores(reports: Path, target: str) -> dict[str, float]:
 
 def train_minutes(reports: Path, method: str, seed: str) -> tuple[float, float]:
     """(training minutes, median step seconds) of one seed from its history."""
-    path = reports / "train" / method / "seeds" / f"seed{seed}" / "history.jsonl"
+    path = train_record_dir(reports, method, seed) / "history.jsonl"
     if not path.exists():
         return float("nan"), float("nan")
     steps = [json.loads(line)["time/step"] for line in path.read_text().splitlines() if line.strip()]

@@ -72,16 +72,21 @@ def selection_figure(examples_path: Path, out: Path, max_steps: int = 4) -> Path
     return out
 
 
+def train_record_dir(reports: Path, method: str, seed) -> Path:
+    """Per-seed training record (history.jsonl, selection_examples.pt) that the train stage
+    writes under `reports`: small and in git, so the report needs no trained weights."""
+    return reports / "train" / method / "seeds" / f"seed{seed}"
+
+
 def build(params, targets: list[str], methods: list[str], reports: Path) -> tuple[list[Section], dict]:
     """Report sections and summary from what the stages wrote under `reports` (eval/<target>/,
     train/<method>/seeds/seed<s>/): the trained weights are not needed."""
     import yaml
 
-    records = reports / "train"
     figures = reports / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     seeds = list(params.train.seeds)
-    histories = {m: {s: read_history(p) for s in seeds if (p := records / m / "seeds" / f"seed{s}" / "history.jsonl").exists()}
+    histories = {m: {s: read_history(p) for s in seeds if (p := train_record_dir(reports, m, s) / "history.jsonl").exists()}
                  for m in methods}
     evals = {t: json.loads((reports / "eval" / t / "metrics.json").read_text()) for t in targets}
     per_seed = {t: json.loads((reports / "eval" / t / "per_seed.json").read_text()) for t in targets}
@@ -124,7 +129,7 @@ def build(params, targets: list[str], methods: list[str], reports: Path) -> tupl
 
     maps = Section("Uncertainty and token-selection maps", [])
     for m in methods:
-        ex = records / m / "seeds" / f"seed{seeds[0]}" / "selection_examples.pt"
+        ex = train_record_dir(reports, m, seeds[0]) / "selection_examples.pt"
         if ex.exists() and (fig := selection_figure(ex, figures / f"selection_{m}.png")):
             maps.figures.append(Figure(fig, f"{m}, seed {seeds[0]}: last rollout's per-token maps"))
     if not maps.figures:
