@@ -1,6 +1,6 @@
 """Stage pretrain_base: pretrain the embedded TinyMAR on the world's train split.
 
-Writes model.checkpoint (save_pretrained of the EMA model; committed to git with
+Writes model.checkpoint (the EMA model, float16 parameters via loading.save_base; committed to git with
 `cache: false`, so a fresh clone does not retrain it), reports/pretrain/curve.csv (loss
 curve, a DVC plot) and reports/pretrain/metrics.json.
 """
@@ -49,8 +49,10 @@ def pretrain_base() -> None:
     run_id = study.child("pretrain_base")
     t0 = time.time()
     ema, rows = run_pretraining(params, study, run_id)
+    from margrpo.models.loading import save_base
+
     out = Path(params.model.checkpoint)
-    ema.save_pretrained(out)
+    save_base(ema, out)
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "curve.csv", "w", newline="") as f:
         fields = sorted({k for r in rows for k in r} - {"step"})

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from margrpo.models.chains import recompute_log_probs
-from margrpo.models.loading import check_checkpoint, load_model, new_model
+from margrpo.models.loading import check_checkpoint, load_model, new_model, save_base
 from margrpo.models.mar import TinyMAR, mask_schedule
 from margrpo.models.protocol import MARPolicy
 
@@ -71,6 +72,17 @@ def test_save_load_round_trip(tmp_path, tiny_model):
     a = tiny_model.rollout(PROMPTS[:2], seeds=torch.tensor([1, 2]))
     b = loaded.rollout(PROMPTS[:2], seeds=torch.tensor([1, 2]))
     assert torch.equal(a.images, b.images)
+
+
+def test_base_checkpoint_is_float16_and_loads_float32(tmp_path, tiny_model):
+    save_base(tiny_model, tmp_path / "m")
+    stored = load_file(tmp_path / "m" / "diffusion_pytorch_model.safetensors")
+    assert {t.dtype for t in stored.values()} == {torch.float16}
+    loaded = load_model(tmp_path / "m", tiny_params())
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    for p1, p2 in zip(tiny_model.parameters(), loaded.parameters()):
+        torch.testing.assert_close(p2, p1, rtol=2**-10, atol=1e-6)
+    assert {p.dtype for p in tiny_model.parameters()} == {torch.float32}  # the caller's model is untouched
 
 
 def test_checkpoint_mismatch_is_named(tmp_path, tiny_model):
