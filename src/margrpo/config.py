@@ -58,6 +58,7 @@ class PretrainConfig(_Strict):
     diffusion_batch_mul: int = Field(4, ge=1)
     seed: int = 0
     log_every: int = Field(50, ge=1)
+    compile: bool = False
 
 
 class SamplingConfig(_Strict):

@@ -33,6 +33,7 @@ class PretrainSettings:
     diffusion_batch_mul: int = 4
     seed: int = 0
     log_every: int = 50
+    compile: bool = False
 
 
 class WorldBatches:
@@ -76,6 +77,13 @@ def pretrain(
         lr=s.lr,
         betas=(0.9, 0.95),
     )
+    if s.compile:
+        # In place (nn.Module.compile), so parameter names, the EMA copy made above and the
+        # saved checkpoint are unchanged. The head sees a different number of masked rows
+        # every step, hence dynamic shapes. Costs ~70 s of compilation once, then ~20% less
+        # time per step on 2 cores (the step is matmul-bound; the gain is fused elementwise ops).
+        model.encoder.compile()
+        model.head.compile(dynamic=True)
     model.train()
     t0, running = time.time(), 0.0
     bar = tqdm(range(s.steps), desc="pretrain", disable=not progress, mininterval=5)
