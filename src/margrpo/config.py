@@ -51,6 +51,7 @@ class PretrainConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(300, ge=1)
+    decay_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.02, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     ema_decay: float = Field(0.999, ge=0, lt=1)
@@ -145,6 +146,8 @@ class Params(_Strict):
         n_tokens = (self.world.image_size // self.model.patch_size) ** 2
         if self.sampling.num_ar_steps > n_tokens:
             raise ValueError(f"sampling.num_ar_steps={self.sampling.num_ar_steps} exceeds the {n_tokens} tokens per image")
+        if self.pretrain.decay_steps > self.pretrain.steps:
+            raise ValueError(f"pretrain.decay_steps={self.pretrain.decay_steps} exceeds pretrain.steps={self.pretrain.steps}")
         if self.train.loss_ar_steps > self.sampling.num_ar_steps:
             raise ValueError("train.loss_ar_steps exceeds sampling.num_ar_steps")
         if self.train.loss_head_steps > self.sampling.head_steps:

@@ -26,6 +26,7 @@ class PretrainSettings:
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 300
+    decay_steps: int = 0
     weight_decay: float = 0.02
     grad_clip: float = 1.0
     ema_decay: float = 0.999
@@ -52,9 +53,12 @@ class WorldBatches:
 
 
 def lr_at(step: int, s: PretrainSettings) -> float:
-    """Linear warmup, then constant; the EMA does the averaging. With no decay tied to the
-    total, a run stopped at step S equals a run configured with steps=S."""
-    return s.lr * min(1.0, (step + 1) / s.warmup_steps)
+    """Warmup-stable-decay: linear warmup, constant, then a linear decay to 0 over the last
+    `decay_steps` (0: no decay). Up to the decay, a run stopped at step S equals a longer one's
+    first S steps, so the decay phase can be rerun from the stable part."""
+    warm = min(1.0, (step + 1) / s.warmup_steps)
+    left = s.steps - step
+    return s.lr * min(warm, left / s.decay_steps if s.decay_steps else 1.0)
 
 
 def pretrain(
