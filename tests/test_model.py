@@ -126,3 +126,16 @@ def test_training_loss_decreases_on_one_batch(tiny_model):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_pretrain_lr_is_warmup_stable_decay():
+    from margrpo.models.pretrain import PretrainSettings, lr_at
+
+    s = PretrainSettings(steps=1000, lr=1e-3, warmup_steps=100, decay_steps=200)
+    lrs = [lr_at(i, s) for i in range(s.steps)]
+    assert lrs[0] == pytest.approx(1e-5) and lrs[99] == pytest.approx(1e-3)
+    assert all(x == pytest.approx(1e-3) for x in lrs[100:800])  # stable part
+    assert lrs[899] == pytest.approx(1e-3 * 101 / 200) and 0 < lrs[-1] <= 1e-3 / 200
+    assert all(a >= b for a, b in zip(lrs[800:], lrs[801:]))
+    # no decay: the stable part never ends, so a stopped run equals a shorter one
+    assert lr_at(999, PretrainSettings(steps=1000, warmup_steps=100)) == 1e-3
