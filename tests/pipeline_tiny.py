@@ -19,7 +19,7 @@ TINY = {
     # 32 px images (the world reward's default size) cut into 4 tokens of 16x16 px.
     "world": {"train_prompts_per_tag": 2, "heldout_prompts_per_tag": 1},
     "model": {"patch_size": 16, "width": 32, "depth": 1, "heads": 2, "cond_dim": 16, "head_width": 32, "head_depth": 1},
-    "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "log_every": 1, "compile": False},
+    "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "decay_steps": 1, "log_every": 1, "compile": False},
     "sampling": {"num_ar_steps": 2, "head_steps": 3},
     "train": {"seeds": [0, 1], "steps": 3, "prompts_per_step": 2, "group_size": 2, "loss_ar_steps": 1,
               "loss_head_steps": 2, "checkpoint_every": 1, "grad_probe_every": 2},
