@@ -43,6 +43,8 @@ class ModelConfig(_Strict):
     head_width: int = Field(256, ge=16)
     head_depth: int = Field(3, ge=1)
     sampler: Literal["ddpm", "flow"] = "ddpm"
+    flow_shift: float = Field(1.0, gt=0, description="flow sampler only: sigma shift (>1 spends more "
+                              "training and sampling on high noise, where a token's colour and shape are decided)")
     max_prompt_len: int = Field(16, ge=4)
 
 
@@ -110,6 +112,8 @@ class TrainConfig(_Strict):
     cfg_consistent: bool = Field(True, description="score with the guided mean; false = authors' code")
     loss_ar_steps: int = Field(4, ge=1, description="random AR steps per rollout in the loss")
     loss_head_steps: int = Field(6, ge=1, description="random head steps per AR step in the loss")
+    loss_head_window: int = Field(0, ge=0, description="draw the loss head steps from the first N (noisiest) "
+                                  "transitions of each chain; 0 = from all of them")
     checkpoint_every: int = Field(10, ge=1)
     eval_every: int = Field(0, ge=0, description="0 = no in-training evaluation")
     grad_probe_every: int = Field(0, ge=0, description="0 = off")
@@ -152,6 +156,12 @@ class Params(_Strict):
             raise ValueError("train.loss_ar_steps exceeds sampling.num_ar_steps")
         if self.train.loss_head_steps > self.sampling.head_steps:
             raise ValueError("train.loss_head_steps exceeds sampling.head_steps")
+        window = self.train.loss_head_window
+        if window and not self.train.loss_head_steps <= window <= self.sampling.head_steps:
+            raise ValueError(
+                f"train.loss_head_window={window} must lie between train.loss_head_steps="
+                f"{self.train.loss_head_steps} and sampling.head_steps={self.sampling.head_steps} (0 = all steps)"
+            )
         return self
 
     def reward_specs(self) -> list[dict[str, Any]]:

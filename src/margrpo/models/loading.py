@@ -8,7 +8,7 @@ from margrpo.config import ModelConfig, Params, SamplingConfig
 from margrpo.models.mar import TinyMAR
 
 # params.model keys that must equal the checkpoint's config (the rest are paths).
-_ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler", "max_prompt_len")
+_ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler", "flow_shift", "max_prompt_len")
 
 
 def new_model(params: Params) -> TinyMAR:

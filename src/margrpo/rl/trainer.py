@@ -109,6 +109,10 @@ class Trainer:
 
     def plan_steps(self) -> tuple[list[int], list[torch.Tensor]]:
         k_ar, t_head = self.policy.num_ar_steps, self.policy.sampler.num_steps
+        # Head transitions eligible for the loss: the first loss_head_window (noisiest) ones.
+        # The score of a late, low-noise transition scales like 1/std and carries little of
+        # the reward (colour and shape are decided early), so it mostly adds variance.
+        t_head = min(t_head, self.tcfg.loss_head_window or t_head)
         g = self.gens["plan"]
         ar = sorted(torch.randperm(k_ar, generator=g)[: self.tcfg.loss_ar_steps].tolist())
         heads = [torch.randperm(t_head, generator=g)[: self.tcfg.loss_head_steps].sort().values for _ in ar]
