@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--out", default=None, help="JSON-lines curve (default: outputs/probes/<name>.jsonl)")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--save", default=None, help="folder for the final policy (save_pretrained)")
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
@@ -109,6 +110,8 @@ def main() -> None:
         if tr.step % a.eval_every == 0 or tr.step == a.steps:
             evaluate(train_s, window)
             window = []
+    if a.save:
+        policy.save_pretrained(a.save)
 
 
 if __name__ == "__main__":
