@@ -40,6 +40,27 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def load_with_overrides(params_path: str, items: list[str], extra: dict | None = None):
+    """Params from params_path with `-S key=value` overrides; list indices (rewards.0.mode)
+    work as well as dict keys, and keys absent from the file are added."""
+    raw = yaml.safe_load(Path(params_path).read_text())
+    for key, value in parse_overrides(items).items():
+        node, *path = [raw, *key.split(".")]
+        for p in path[:-1]:
+            node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+        leaf = path[-1]
+        if isinstance(node, list):
+            node[int(leaf)] = value
+        else:
+            node[leaf] = value
+    tmp = Path(params_path).with_name(".probe_params.yaml")
+    tmp.write_text(yaml.safe_dump(raw))
+    try:
+        return load_params(tmp, extra or {})
+    finally:
+        tmp.unlink()
+
+
 def heldout_overall(model, metas: list[dict], per_prompt: int, seed: int, image_size: int) -> dict[str, float]:
     seeds = image_seeds(seed, 0, len(metas), per_prompt)
     images = sample_images(model.eval(), [m["prompt"] for m in metas], seeds, 64, progress=False)
@@ -60,21 +81,7 @@ def main() -> None:
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
-    overrides = parse_overrides(a.overrides)
-    raw = yaml.safe_load(Path(a.params).read_text())
-    for key, value in overrides.items():  # list indices (rewards.0.mode) as well as dict keys
-        node, *path = [raw, *key.split(".")]
-        for p in path[:-1]:
-            node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
-        leaf = path[-1]
-        if isinstance(node, list):
-            node[int(leaf)] = value
-        else:
-            node[leaf] = value
-    tmp = Path(a.params).with_name(".probe_params.yaml")
-    tmp.write_text(yaml.safe_dump(raw))
-    params = load_params(tmp, {"train.steps": a.steps})
-    tmp.unlink()
+    params = load_with_overrides(a.params, a.overrides, {"train.steps": a.steps})
 
     name = a.name or "_".join([a.method, f"s{a.seed}", *(o.replace("/", "") for o in a.overrides)])
     out = Path(a.out or f"outputs/probes/{name}.jsonl")

@@ -47,6 +47,9 @@ def test_quick_profile_validates():
     ("train.stepz", 10, "train.stepz"),               # unknown key
     ("evaluate.images_per_prompt", 0, "evaluate.images_per_prompt"),
     ("methods.mar_grpo.estimator", "magic", "methods.mar_grpo.estimator"),
+    ("train.loss_head_window", 3, "train.loss_head_window"),    # fewer than loss_head_steps
+    ("train.loss_head_window", 99, "train.loss_head_window"),   # more than sampling.head_steps
+    ("model.flow_shift", 0, "model.flow_shift"),
 ])
 def test_bad_params_name_the_key(dotted, value, expect):
     with pytest.raises(ParamsError) as err:

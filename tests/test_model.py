@@ -9,6 +9,7 @@ from margrpo.models.chains import recompute_log_probs
 from margrpo.models.loading import check_checkpoint, load_model, new_model, save_base
 from margrpo.models.mar import TinyMAR, mask_schedule
 from margrpo.models.protocol import MARPolicy
+from margrpo.models.samplers import FlowSDESampler
 
 from conftest import randomize_head, tiny_params
 
@@ -89,6 +90,9 @@ def test_checkpoint_mismatch_is_named(tmp_path, tiny_model):
     tiny_model.save_pretrained(tmp_path / "m")
     with pytest.raises(ValueError, match="width: params.yaml says 64, checkpoint has 32"):
         load_model(tmp_path / "m", tiny_params(**{"model.width": 64}))
+    # the flow shift changes what the head was trained on, so it is checked like the arch
+    with pytest.raises(ValueError, match="flow_shift: params.yaml says 3.0, checkpoint has 1.0"):
+        load_model(tmp_path / "m", tiny_params(**{"model.flow_shift": 3.0}))
     with pytest.raises(FileNotFoundError, match="config.json missing"):
         load_model(tmp_path / "nothing", tiny_params())
 
@@ -139,3 +143,17 @@ def test_pretrain_lr_is_warmup_stable_decay():
     assert all(a >= b for a, b in zip(lrs[800:], lrs[801:]))
     # no decay: the stable part never ends, so a stopped run equals a shorter one
     assert lr_at(999, PretrainSettings(steps=1000, warmup_steps=100)) == 1e-3
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_flow_shift_maps_sampling_and_training_sigmas_alike(shift):
+    """Sampling grid and training noise levels both follow sigma = s*u / (1 + (s-1)*u)."""
+    warp = lambda u: shift * u / (1.0 + (shift - 1.0) * u)
+    plain, shifted = FlowSDESampler(20, shift=1.0), FlowSDESampler(20, shift=shift)
+    # diffusers also shifts the grid's last sigma (1e-3 -> 3e-3 at shift 3), hence 0.01
+    torch.testing.assert_close(shifted.sigmas, warp(plain.sigmas), atol=0.01, rtol=0)
+    u = torch.rand(512, generator=torch.Generator().manual_seed(3))
+    _, sigma, _ = shifted.training_pair(torch.zeros(512, 4), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(sigma, warp(u))
+    if shift > 1:  # more time at high noise, where colour and layout are decided
+        assert (shifted.sigmas[1:-1] > plain.sigmas[1:-1]).all()

@@ -135,3 +135,15 @@ def test_mte_scope_limits_the_multi_trajectory_tokens(scope):
             assert int((col < n_commit).sum()) == plan.mask.shape[0] * math.ceil(0.5 * n_commit)
         assert committed_rows > 0
     assert (spec_selected == 0) == (scope == "committed")
+
+
+def test_loss_head_window_keeps_loss_steps_among_the_noisiest():
+    window = 4
+    tr = make_trainer(**{"sampling.head_steps": 8, "train.loss_head_window": window, "train.loss_head_steps": 3})
+    seen = set()
+    for _ in range(20):
+        ar, heads = tr.plan_steps()
+        for h in heads:
+            assert len(h) == 3 and len(set(h.tolist())) == 3
+            seen.update(h.tolist())
+    assert seen == set(range(window))  # every eligible step gets drawn, none later

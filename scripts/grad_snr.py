@@ -1,0 +1,86 @@
+"""Gradient signal-to-noise of loss variants on the same rollouts, without training.
+
+    .venv/bin/python scripts/grad_snr.py --batches 6 \
+        --variant "default:" \
+        --variant "all_ar:train.loss_ar_steps=16,methods.mar_grpo.token_scope=committed"
+
+For each variant (name:key=value,... applied on top of the -S overrides) and each of
+--batches rollout batches (same prompts and rollout seeds for every variant), the policy
+gradient of the transformer is computed twice, once from each half of every group
+(the trainer's probe/cos_halves split). The two halves are independent estimates of one
+expected gradient, so over batches
+    signal = mean(g_a . g_b)            estimates |E g|^2 (per half-batch)
+    noise  = mean(|g_a - g_b|^2 / 2)    estimates trace Cov(g) (per half-batch)
+and snr = signal / noise says how many steps the update needs before its drift follows the
+reward rather than the sampling noise (about 1/snr). Also prints the mean cosine and the
+loss-backward seconds for a full batch.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from margrpo.models.loading import load_model
+from margrpo.rewards.base import build_weighted_reward
+from margrpo.rl.advantages import group_advantages
+from margrpo.rl.gradprobe import flat_grad, pair_stats
+from margrpo.rl.policy_loss import prepare, speculative_steps_needed
+from margrpo.rl.trainer import Trainer
+from margrpo.world.prompts import read_jsonl
+
+from rl_probe import load_with_overrides
+
+
+def measure(tr: Trainer, batches: int) -> dict[str, float]:
+    cfg_mode = "guided" if tr.tcfg.cfg_consistent else "cond"
+    half = (torch.arange(tr.tcfg.prompts_per_step * tr.tcfg.group_size) % tr.tcfg.group_size) < tr.tcfg.group_size // 2
+    sig, noise, cos, secs = [], [], [], []
+    for _ in range(batches):
+        metas, groups = tr.sample_batch()
+        ar, heads = tr.plan_steps()
+        tr.policy.eval()
+        rollout = tr.policy.rollout([m["prompt"] for m in metas], generator=tr.gens["rollout"],
+                                    speculative_steps=speculative_steps_needed(tr.method, ar))
+        adv = group_advantages(tr.reward(rollout.images, rollout.prompts, metas).float(), groups)
+        plans = prepare(tr.policy, rollout, ar, heads, tr.method, cfg_mode, tr.gens["mte"])
+        grads = []
+        for w in (half, ~half):
+            t = time.time()
+            tr.compute_grads(rollout, plans, adv, w)
+            secs.append(time.time() - t)
+            grads.append(flat_grad([p.grad for p in tr.ar_params], tr.ar_params))
+        st = pair_stats(*grads)
+        sig.append(st["signal"])
+        noise.append(st["noise_var"])
+        cos.append(st["cosine"])
+    s, n = sum(sig) / batches, sum(noise) / batches
+    return {"snr": s / n, "cos": sum(cos) / batches, "signal": s, "noise": n,
+            "backward_s": 2 * sum(secs) / len(secs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--method", default="mar_grpo")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value (all variants)")
+    ap.add_argument("--variant", action="append", required=True, help="name:key=value,key=value")
+    a = ap.parse_args()
+    print(f"{'variant':28s} {'snr':>8s} {'cos':>7s} {'signal':>10s} {'noise':>10s} {'bwd_s':>6s}")
+    for v in a.variant:
+        name, _, rest = v.partition(":")
+        params = load_with_overrides(a.params, a.overrides + [x for x in rest.split(",") if x])
+        torch.manual_seed(a.seed)
+        policy = load_model(params.model.checkpoint, params)
+        tr = Trainer(policy, params, params.method(a.method), a.seed,
+                     read_jsonl("prompts/world_train.jsonl"), build_weighted_reward(params.reward_specs()))
+        r = measure(tr, a.batches)
+        print(f"{name:28s} {r['snr']:8.4f} {r['cos']:7.4f} {r['signal']:10.3e} {r['noise']:10.3e} "
+              f"{r['backward_s']:6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
