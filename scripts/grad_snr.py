@@ -34,7 +34,7 @@ from rl_probe import load_with_overrides
 
 
 def measure(tr: Trainer, batches: int) -> dict[str, float]:
-    cfg_mode = "guided" if tr.tcfg.cfg_consistent else "cond"
+    cfg_mode = tr.tcfg.cfg_mode
     half = (torch.arange(tr.tcfg.prompts_per_step * tr.tcfg.group_size) % tr.tcfg.group_size) < tr.tcfg.group_size // 2
     sig, noise, cos, secs = [], [], [], []
     for _ in range(batches):

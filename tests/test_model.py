@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from margrpo.models.chains import recompute_log_probs
+from margrpo.models.chains import guided_output, recompute_log_probs
 from margrpo.models.loading import check_checkpoint, load_model, new_model, save_base
 from margrpo.models.mar import TinyMAR, mask_schedule
 from margrpo.models.protocol import MARPolicy
@@ -157,3 +157,23 @@ def test_flow_shift_maps_sampling_and_training_sigmas_alike(shift):
     torch.testing.assert_close(sigma, warp(u))
     if shift > 1:  # more time at high noise, where colour and layout are decided
         assert (shifted.sigmas[1:-1] > plain.sigmas[1:-1]).all()
+
+
+def test_cfg_null_gradient_modes(tiny_model):
+    """guided and guided_full give the same mean; only guided_full back-propagates into the
+    null-prompt branch, and its gradient is the exact one: w dc + (1 - w) du."""
+    torch.manual_seed(0)
+    x = torch.randn(3, tiny_model.token_dim)
+    z_c = torch.randn(3, tiny_model.config.cond_dim, requires_grad=True)
+    z_u = torch.randn(3, tiny_model.config.cond_dim, requires_grad=True)
+    w = 3.0
+    outs = {m: guided_output(tiny_model, x, 2, z_c, z_u, w, m) for m in ("guided", "guided_full")}
+    torch.testing.assert_close(outs["guided"], outs["guided_full"])
+    (gu_detached,) = torch.autograd.grad(outs["guided"].sum(), [z_u], allow_unused=True)
+    assert gu_detached is None or not gu_detached.any()
+    gc, gu = torch.autograd.grad(outs["guided_full"].sum(), [z_c, z_u])
+    t = torch.full((3,), tiny_model.sampler.time_input(2))
+    (ref_u,) = torch.autograd.grad(tiny_model.head_output(x, t, z_u).sum(), [z_u])
+    (ref_c,) = torch.autograd.grad(tiny_model.head_output(x, t, z_c).sum(), [z_c])
+    torch.testing.assert_close(gu, (1 - w) * ref_u)
+    torch.testing.assert_close(gc, w * ref_c)

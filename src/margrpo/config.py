@@ -110,6 +110,8 @@ class TrainConfig(_Strict):
     clip_range: float = Field(0.2, gt=0)
     beta_kl: float = Field(0.01, ge=0)
     cfg_consistent: bool = Field(True, description="score with the guided mean; false = authors' code")
+    cfg_null_grad: bool = Field(False, description="with cfg_consistent: also back-propagate through the "
+                                "null-prompt branch (the exact gradient of the guided mean)")
     loss_ar_steps: int = Field(4, ge=1, description="random AR steps per rollout in the loss")
     loss_head_steps: int = Field(6, ge=1, description="random head steps per AR step in the loss")
     loss_head_window: int = Field(0, ge=0, description="draw the loss head steps from the first N (noisiest) "
@@ -118,6 +120,13 @@ class TrainConfig(_Strict):
     eval_every: int = Field(0, ge=0, description="0 = no in-training evaluation")
     grad_probe_every: int = Field(0, ge=0, description="0 = off")
     max_nonfinite_in_row: int = Field(3, ge=1)
+
+    @property
+    def cfg_mode(self) -> str:
+        """How loss log-probs treat classifier-free guidance (models.chains.guided_output)."""
+        if not self.cfg_consistent:
+            return "cond"
+        return "guided_full" if self.cfg_null_grad else "guided"
 
 
 class EvaluateConfig(_Strict):

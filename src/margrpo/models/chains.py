@@ -16,7 +16,7 @@ import torch
 from margrpo.models.protocol import MARPolicy, Rollout
 from margrpo.models.samplers import gaussian_log_prob
 
-CFG_MODES = ("guided", "cond")
+CFG_MODES = ("guided", "guided_full", "cond")
 
 
 def guided_output(
@@ -27,13 +27,14 @@ def guided_output(
     z_u: torch.Tensor,
     cfg_scale: float,
     cfg_mode: str = "guided",
-    detach_null: bool = True,
 ) -> torch.Tensor:
     """Head output used for the Gaussian mean at head step j. x: [*rows, D].
 
-    guided: u + w (c - u), the distribution the rollout sampled from (method.md §2).
+    guided: u + w (c - u), the distribution the rollout sampled from (method.md §2), with no
+      gradient through the null-prompt branch u (a common choice: the update then moves
+      only the prompted branch, and a prompt-independent change counts w times).
+    guided_full: the same mean with the exact gradient w dc + (1 - w) du (train.cfg_null_grad).
     cond: c alone, what the authors' training code scores (kept for comparison).
-    detach_null: no gradient through the null-prompt branch u (a common, cheaper choice).
     """
     rows = x.shape[:-1]
     xf, zc, zu = x.reshape(-1, x.shape[-1]), z_c.reshape(-1, z_c.shape[-1]), z_u.reshape(-1, z_u.shape[-1])
@@ -43,8 +44,8 @@ def guided_output(
     c, u = out[:r], out[r:]
     if cfg_mode == "cond":
         g = c
-    elif cfg_mode == "guided":
-        if detach_null:
+    elif cfg_mode in ("guided", "guided_full"):
+        if cfg_mode == "guided":
             u = u.detach()
         g = u + cfg_scale * (c - u)
     else:
@@ -84,7 +85,6 @@ def chain_log_probs(
     head_steps: Sequence[int],
     cfg_scale: float,
     cfg_mode: str = "guided",
-    detach_null: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Policy transition log-probs of given states [T+1, *rows, D] at `head_steps`.
 
@@ -92,7 +92,7 @@ def chain_log_probs(
     """
     logps, means, stds = [], [], []
     for j in head_steps:
-        out = guided_output(policy, states[j], j, z_c, z_u, cfg_scale, cfg_mode, detach_null)
+        out = guided_output(policy, states[j], j, z_c, z_u, cfg_scale, cfg_mode)
         mean, std = policy.sampler.transition(states[j], j, out)
         logps.append(gaussian_log_prob(states[j + 1], mean, std))
         means.append(mean)

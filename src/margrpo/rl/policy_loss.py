@@ -129,7 +129,7 @@ def prepare(
                     # guided transitions (cfg_mode "guided"), as the rollout chain does.
                     pick = selected.reshape(-1)[candidates.reshape(-1)]
                     reuse = unc_chains[:, :, pick]
-                    reuse_logp = unc_logp[:, :, pick] if cfg_mode == "guided" else None
+                    reuse_logp = unc_logp[:, :, pick] if cfg_mode != "cond" else None
                 stats["diag/uncertainty_mean"] = unc[candidates].mean().item() if candidates.any() else 0.0
                 stats["select/topk_frac"] = selected.sum().item() / max(1, mask.sum().item())
             logp_fn, sample_fn = policy_callables(policy, zc, zu, rollout.cfg_scale, cfg_mode)
@@ -175,7 +175,7 @@ def loss_backward(
     image_weight: optional [B] 0/1 mask restricting the loss to some images (the
     gradient probe's group halves); the normaliser counts only those images.
     """
-    cfg_mode = "guided" if tcfg.cfg_consistent else "cond"
+    cfg_mode = tcfg.cfg_mode
     use_kl = ref is not None and tcfg.beta_kl > 0
     b = adv.shape[0]
     w = torch.ones(b) if image_weight is None else image_weight.float()

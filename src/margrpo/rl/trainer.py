@@ -132,7 +132,7 @@ class Trainer:
         t_roll = time.time() - t0
         rewards = self.reward(rollout.images, rollout.prompts, metas).float()
         adv = group_advantages(rewards, groups)
-        cfg_mode = "guided" if self.tcfg.cfg_consistent else "cond"
+        cfg_mode = self.tcfg.cfg_mode
         plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, cfg_mode, self.gens["mte"])
         m: dict[str, float] = {
             "reward/mean": rewards.mean().item(),
@@ -186,7 +186,7 @@ class Trainer:
         - probe/var_ratio_vs_single: noise variance |g_a - g_b|^2 / 2 over group halves for
           this method divided by the same for the `single` estimator (< 1: less variance).
         """
-        cfg_mode = "guided" if self.tcfg.cfg_consistent else "cond"
+        cfg_mode = self.tcfg.cfg_mode
         half = (torch.arange(len(groups)) % self.tcfg.group_size) < self.tcfg.group_size // 2
 
         def grad_of(plans_, weight=None):
