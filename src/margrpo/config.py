@@ -117,7 +117,6 @@ class TrainConfig(_Strict):
     loss_head_window: int = Field(0, ge=0, description="draw the loss head steps from the first N (noisiest) "
                                   "transitions of each chain; 0 = from all of them")
     checkpoint_every: int = Field(10, ge=1)
-    eval_every: int = Field(0, ge=0, description="0 = no in-training evaluation")
     grad_probe_every: int = Field(0, ge=0, description="0 = off")
     max_nonfinite_in_row: int = Field(3, ge=1)
 
