@@ -6,7 +6,7 @@ model. Replicate s samples evaluate.images_per_prompt images per prompt with the
 per-image seeds for every target, so targets differ only in their weights. Outputs under
 reports/eval/<target>/: metrics.json (mean and std over replicates; DVC metrics),
 per_seed.json (each replicate's summary, for the report's error bars) and grid.png
-(replicate 0, the first evaluate.grid_prompts prompts; a DVC image plot).
+(replicate 0, evaluate.grid_prompts prompts across tags; a DVC image plot).
 """
 from pipeline.common import preamble
 
@@ -43,7 +43,7 @@ def score(images, metas: list[dict], image_size: int) -> dict[str, float]:
 
 @flow(name="evaluate")
 def evaluate(target: str) -> None:
-    from margrpo.eval.generate import aggregate, image_grid
+    from margrpo.eval.generate import aggregate, prompt_grid
     from margrpo.world.prompts import read_jsonl
 
     params = common.load()
@@ -62,8 +62,7 @@ def evaluate(target: str) -> None:
         per_seed[seed] = score(images, metas, params.world.image_size)
         study.log_metrics(run_id, {f"seed{seed}/{k}": v for k, v in per_seed[seed].items()})
         if replicate == 0:
-            n = min(params.evaluate.grid_prompts, len(metas))
-            image_grid(images[:n], [m["prompt"] for m in metas[:n]]).save(out / "grid.png")
+            prompt_grid(images, metas, params.evaluate.grid_prompts).save(out / "grid.png")
     agg = aggregate(list(per_seed.values()))
     metrics = {"mean": agg["mean"], "std": agg["std"], "replicates": len(per_seed),
                "images": len(metas) * params.evaluate.images_per_prompt * len(per_seed),

@@ -44,7 +44,7 @@ def pick_prompts(rows: list[dict], per_purpose: int) -> list[dict]:
 
 @flow(name="sample_baseline")
 def sample_baseline() -> None:
-    from margrpo.eval.generate import image_grid, image_seeds, sample_images
+    from margrpo.eval.generate import image_seeds, prompt_grid, sample_images
     from margrpo.models.loading import load_model
     from margrpo.world.prompts import read_jsonl
 
@@ -68,8 +68,7 @@ def sample_baseline() -> None:
         "baseline/group_size": group,
     }
     common.write_json(metrics, OUT / "metrics.json")
-    n = min(params.evaluate.grid_prompts, len(metas))
-    image_grid(images[:n], [m["prompt"] for m in metas[:n]]).save(OUT / "grid.png")
+    prompt_grid(images, metas, params.evaluate.grid_prompts).save(OUT / "grid.png")
     study.log_metrics(run_id, metrics)
     study.log_artifact(run_id, OUT, "baseline")
     study.finish(run_id)

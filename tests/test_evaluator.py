@@ -8,6 +8,7 @@ import torch
 from scipy import ndimage
 
 from margrpo.eval.detections import Detection
+from margrpo.eval.generate import grid_prompt_indices, prompt_grid
 from margrpo.eval.geneval import geneval_correct, geneval_summary, relative_position
 from margrpo.eval.t2i import (complex_score, noun_phrases, numeracy_score, spatial_score,
                               t2i_score, vqa_product)
@@ -186,3 +187,19 @@ def test_speed_and_reward(batch):
         assert r.shape == (8,) and not r.isnan().any() and r.min() >= 0.99
     with pytest.raises(ValueError, match="mode"):
         build_reward("world", mode="nope")
+
+
+def test_grid_prompts_cover_tags_without_repeats():
+    metas = [{"prompt": "a circle", "tag": "single_object"}] * 5 + [
+        {"prompt": "a square", "tag": "single_object"},
+        {"prompt": "two circles", "tag": "counting"},
+        {"prompt": "a red circle", "tag": "colors"},
+        {"prompt": "a red circle", "tag": "colors"},
+        {"prompt": "a striped square", "category": "texture"},
+    ]
+    idx = grid_prompt_indices(metas, 5)
+    assert [metas[i]["prompt"] for i in idx] == ["a circle", "two circles", "a red circle",
+                                                 "a striped square", "a square"]
+    assert len(grid_prompt_indices(metas, 50)) == 5  # only distinct prompts
+    images = torch.rand(len(metas), 2, 3, 8, 8)
+    assert prompt_grid(images, metas, 3).size[1] > 0

@@ -95,6 +95,30 @@ def image_grid(images: torch.Tensor, labels: Sequence[str], scale: int = 3, labe
     return canvas
 
 
+def grid_prompt_indices(metas: Sequence[dict], n: int) -> list[int]:
+    """Up to n prompt indices for a sample grid, one per tag / category in turn (the order
+    they first appear) and no prompt text twice, so the grid shows every kind of prompt
+    rather than the first tag's duplicates."""
+    groups: dict[str, list[int]] = {}
+    seen: set[str] = set()
+    for i, m in enumerate(metas):
+        if m["prompt"] not in seen:
+            seen.add(m["prompt"])
+            groups.setdefault(str(m.get("tag") or m.get("category")), []).append(i)
+    picked, queues = [], list(groups.values())
+    while len(picked) < n and any(queues):
+        for q in queues:
+            if q and len(picked) < n:
+                picked.append(q.pop(0))
+    return picked
+
+
+def prompt_grid(images: torch.Tensor, metas: Sequence[dict], n: int):
+    """image_grid of the grid_prompt_indices rows of images [P, K, 3, H, W]."""
+    idx = grid_prompt_indices(metas, n)
+    return image_grid(images[idx], [metas[i]["prompt"] for i in idx])
+
+
 def _fit(text: str, width_px: int, char_px: int = 6) -> str:
     limit = max(4, width_px // char_px)
     return text if len(text) <= limit else text[: limit - 3] + "..."

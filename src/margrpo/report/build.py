@@ -122,7 +122,7 @@ def build(params, targets: list[str], methods: list[str], reports: Path) -> tupl
     sections.append(curves)
 
     grids = Section("Samples: same prompts and seeds across methods",
-                    ["Replicate 0, first held-out prompts; each column is one image seed, identical across methods."])
+                    ["Replicate 0, held-out prompts across tags (evaluate.grid_prompts); each column is one image seed, identical across methods."])
     grids.figures = [Figure(reports / "eval" / t / "grid.png", f"{t}") for t in targets
                      if (reports / "eval" / t / "grid.png").exists()]
     sections.append(grids)
