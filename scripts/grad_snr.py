@@ -24,9 +24,7 @@ import torch
 
 from margrpo.models.loading import load_model
 from margrpo.rewards.base import build_weighted_reward
-from margrpo.rl.advantages import group_advantages
 from margrpo.rl.gradprobe import flat_grad, pair_stats
-from margrpo.rl.policy_loss import prepare, speculative_steps_needed
 from margrpo.rl.trainer import Trainer
 from margrpo.world.prompts import read_jsonl
 
@@ -34,17 +32,10 @@ from rl_probe import load_with_overrides
 
 
 def measure(tr: Trainer, batches: int) -> dict[str, float]:
-    cfg_mode = tr.tcfg.cfg_mode
     half = (torch.arange(tr.tcfg.prompts_per_step * tr.tcfg.group_size) % tr.tcfg.group_size) < tr.tcfg.group_size // 2
     sig, noise, cos, secs = [], [], [], []
     for _ in range(batches):
-        metas, groups = tr.sample_batch()
-        ar, heads = tr.plan_steps()
-        tr.policy.eval()
-        rollout = tr.policy.rollout([m["prompt"] for m in metas], generator=tr.gens["rollout"],
-                                    speculative_steps=speculative_steps_needed(tr.method, ar))
-        adv = group_advantages(tr.reward(rollout.images, rollout.prompts, metas).float(), groups)
-        plans = prepare(tr.policy, rollout, ar, heads, tr.method, cfg_mode, tr.gens["mte"])
+        _, _, _, rollout, _, adv, plans, _ = tr.collect()
         grads = []
         for w in (half, ~half):
             t = time.time()

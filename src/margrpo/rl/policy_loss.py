@@ -126,7 +126,7 @@ def prepare(
                     # The uncertainty chains are M fresh chains from the same z, exactly what
                     # `resample` draws: reuse those of the selected tokens (as the authors do),
                     # and their sampling log-probs as logp_old when the loss scores the same
-                    # guided transitions (cfg_mode "guided"), as the rollout chain does.
+                    # guided transitions (any cfg_mode but "cond"), as the rollout chain does.
                     pick = selected.reshape(-1)[candidates.reshape(-1)]
                     reuse = unc_chains[:, :, pick]
                     reuse_logp = unc_logp[:, :, pick] if cfg_mode != "cond" else None

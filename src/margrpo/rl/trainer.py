@@ -122,7 +122,9 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         return loss_backward(self.policy, self.ref, rollout, plans, adv, self.tcfg, image_weight)
 
-    def train_step(self) -> dict[str, float]:
+    def collect(self):
+        """One batch's rollout and loss plan, drawn from the trainer's generators:
+        (groups, ar_steps, head_steps, rollout, rewards [B], adv [B], plans, rollout seconds)."""
         t0 = time.time()
         metas, groups = self.sample_batch()
         ar_steps, head_steps = self.plan_steps()
@@ -132,8 +134,12 @@ class Trainer:
         t_roll = time.time() - t0
         rewards = self.reward(rollout.images, rollout.prompts, metas).float()
         adv = group_advantages(rewards, groups)
-        cfg_mode = self.tcfg.cfg_mode
-        plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, cfg_mode, self.gens["mte"])
+        plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode, self.gens["mte"])
+        return groups, ar_steps, head_steps, rollout, rewards, adv, plans, t_roll
+
+    def train_step(self) -> dict[str, float]:
+        t0 = time.time()
+        groups, ar_steps, head_steps, rollout, rewards, adv, plans, t_roll = self.collect()
         m: dict[str, float] = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item(),
