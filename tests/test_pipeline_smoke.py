@@ -15,8 +15,8 @@ from pipeline_tiny import TINY, VENV_BIN, pipeline_env, scratch_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-STAGES = {"prepare_prompts", "pretrain_base", "sample_baseline", "train@grpo", "train@mar_grpo",
-          "evaluate@base", "evaluate@grpo", "evaluate@mar_grpo", "report"}
+STAGES = {"prepare_prompts", "pretrain_base", "sample_baseline", "train@grpo", "train@grpo_frozen",
+          "train@mar_grpo", "evaluate@base", "evaluate@grpo", "evaluate@grpo_frozen", "evaluate@mar_grpo", "report"}
 
 
 def dvc(root, *args, check=True):
@@ -60,7 +60,7 @@ def test_pipeline_smoke(tmp_path):
     assert "claim" in md.lower() and re.search(r"\| (holds|does not hold|inconclusive) \|", md)
 
     # Metrics: well-formed JSON that DVC reads; every eval target scored on every seed.
-    for target in ("base", "grpo", "mar_grpo"):
+    for target in ("base", "grpo", "grpo_frozen", "mar_grpo"):
         m = json.loads((root / f"reports/eval/{target}/metrics.json").read_text())
         assert m["replicates"] == len(TINY["train"]["seeds"])
         assert 0.0 <= m["mean"]["eval/geneval/overall"] <= 1.0
