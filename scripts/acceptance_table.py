@@ -1,4 +1,4 @@
-"""Benchmark table of issue 3: held-out GenEval-style overall, base vs GRPO vs MAR-GRPO.
+"""Benchmark table of issue 3: held-out GenEval-style overall, base vs every trained method.
 
     .venv/bin/python scripts/acceptance_table.py            # after `dvc repro`
 
@@ -16,6 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
+from margrpo.config import load_params
 from margrpo.report.build import train_record_dir
 from margrpo.report.curves import mean_std
 
@@ -42,15 +43,17 @@ def train_minutes(reports: Path, method: str, seed: str) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reports", type=Path, default=Path("reports"))
-    ap.add_argument("--methods", default="grpo,mar_grpo")
+    ap.add_argument("--methods", default=None, help="comma-separated (default: every method in --params)")
+    ap.add_argument("--params", default="params.yaml")
     a = ap.parse_args()
+    methods = a.methods.split(",") if a.methods else list(load_params(a.params).methods)
     base = per_seed_scores(a.reports, "base")
     base_mean, base_std, _ = mean_std(list(base.values()))
     print("| model | seeds | GenEval overall (held-out) | gain vs base | per seed | train min/seed | s/step | accept |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| base | {len(base)} | {base_mean:.3f} +- {base_std:.3f} | - | "
           f"{', '.join(f'{v:.3f}' for v in base.values())} | - | - | - |")
-    for method in a.methods.split(","):
+    for method in methods:
         scores = per_seed_scores(a.reports, method)
         m, s, _ = mean_std(list(scores.values()))
         times = [train_minutes(a.reports, method, seed) for seed in scores]
