@@ -4,8 +4,8 @@ learning signal on the real base and reward, free of optimizer and learning-rate
     .venv/bin/python scripts/direction_check.py --method grpo --batches 4 -S methods.grpo.freeze_head=true
 
 For each of --batches training batches (drawn like a training step: prompts_per_step x
-group_size rollouts, rewards, group advantages, the method's loss plan) it computes the loss
-gradient and moves the weights by a step of fixed size along -grad and along +grad, then
+group_size rollouts, rewards, group advantages, the method's loss plan; with --accumulate N,
+the sum of N such batches' gradients) it computes the loss gradient and moves the weights by a step of fixed size along -grad and along +grad, then
 scores --eval-prompts training prompts x --eval-images images with fixed image seeds
 (common random numbers: the same seeds at every point, so the difference reflects the
 weights, not the draw). The central difference (R(-) - R(+)) / 2 is the reward gain of
@@ -30,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", default="mar_grpo")
     ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--accumulate", type=int, default=1, help="training batches summed into each gradient")
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--eval-images", type=int, default=4)
     ap.add_argument("--norm-step", type=float, default=1.0, help="L2 size of the raw-gradient step")
@@ -62,10 +63,15 @@ def main() -> None:
     print(f"reward at the base on {len(metas)} fixed-seed images: {r0:.4f}", flush=True)
     gains: dict[str, list[float]] = {"norm": [], "sign": []}
     for b in range(a.batches):
-        _, _, _, rollout, rewards, adv, plans, _ = tr.collect()
-        tr.compute_grads(rollout, plans, adv)
-        trained = [p for p in policy.parameters() if p.grad is not None]
-        grads = [p.grad.detach().clone() for p in trained]
+        total, batch_rewards = None, []
+        for _ in range(a.accumulate):
+            _, _, _, rollout, rewards, adv, plans, _ = tr.collect()
+            tr.compute_grads(rollout, plans, adv)
+            batch_rewards.append(rewards)
+            trained = [p for p in policy.parameters() if p.grad is not None]
+            total = [p.grad.detach().clone() for p in trained] if total is None else [
+                t + p.grad for t, p in zip(total, trained)]
+        rewards, grads = torch.cat(batch_rewards), total
         start = [p.detach().clone() for p in trained]
         gnorm = torch.sqrt(sum((g**2).sum() for g in grads))
         steps = {"norm": [g * (a.norm_step / gnorm) for g in grads], "sign": [g.sign() * a.sign_lr for g in grads]}
