@@ -62,16 +62,17 @@ def main() -> None:
     r0 = expected_reward()
     print(f"reward at the base on {len(metas)} fixed-seed images: {r0:.4f}", flush=True)
     gains: dict[str, list[float]] = {"norm": [], "sign": []}
+    trained = [p for group in tr.opt.param_groups for p in group["params"]]
     for b in range(a.batches):
-        total, batch_rewards = None, []
+        grads, batch_rewards = [torch.zeros_like(p) for p in trained], []
         for _ in range(a.accumulate):
-            _, _, _, rollout, rewards, adv, plans, _ = tr.collect()
-            tr.compute_grads(rollout, plans, adv)
-            batch_rewards.append(rewards)
-            trained = [p for p in policy.parameters() if p.grad is not None]
-            total = [p.grad.detach().clone() for p in trained] if total is None else [
-                t + p.grad for t, p in zip(total, trained)]
-        rewards, grads = torch.cat(batch_rewards), total
+            batch = tr.collect()
+            tr.compute_grads(batch.rollout, batch.plans, batch.adv)
+            batch_rewards.append(batch.rewards)
+            for g, p in zip(grads, trained):
+                if p.grad is not None:
+                    g += p.grad
+        rewards = torch.cat(batch_rewards)
         start = [p.detach().clone() for p in trained]
         gnorm = torch.sqrt(sum((g**2).sum() for g in grads))
         steps = {"norm": [g * (a.norm_step / gnorm) for g in grads], "sign": [g.sign() * a.sign_lr for g in grads]}

@@ -35,11 +35,11 @@ def measure(tr: Trainer, batches: int) -> dict[str, float]:
     half = (torch.arange(tr.tcfg.prompts_per_step * tr.tcfg.group_size) % tr.tcfg.group_size) < tr.tcfg.group_size // 2
     sig, noise, cos, secs = [], [], [], []
     for _ in range(batches):
-        _, _, _, rollout, _, adv, plans, _ = tr.collect()
+        batch = tr.collect()
         grads = []
         for w in (half, ~half):
             t = time.time()
-            tr.compute_grads(rollout, plans, adv, w)
+            tr.compute_grads(batch.rollout, batch.plans, batch.adv, w)
             secs.append(time.time() - t)
             grads.append(flat_grad([p.grad for p in tr.ar_params], tr.ar_params))
         st = pair_stats(*grads)

@@ -10,6 +10,7 @@ import torch
 
 from margrpo.models.chains import gather_rows, sample_chain
 from margrpo.models.loading import new_model
+from margrpo.rl.gradprobe import flat_grad
 from margrpo.rl.policy_loss import prepare, speculative_steps_needed
 from margrpo.rl.trainer import NonFiniteError, Trainer, train
 from margrpo.world.prompts import make_prompt_set
@@ -150,12 +151,12 @@ def test_loss_head_window_keeps_loss_steps_among_the_noisiest():
     assert seen == set(range(window))  # every eligible step gets drawn, none later
 
 
-
-
 def _pathwise_redness_gradient(policy, prompts: list[str], gen: torch.Generator) -> None:
-    """Accumulate into .grad the reparameterised gradient of the mean redness: the rollout
-    written out differentiably (same schedule, random order, fixed noise), back-propagated
-    through every head step and through the canvas into later AR steps."""
+    """Accumulate into .grad the reparameterised gradient of the mean redness. TinyMAR.rollout
+    runs without autograd and fills its canvas in place, so the rollout is written out again
+    here, differentiably (same schedule, random order, fixed noise): back-propagated through
+    every head step and through the canvas into later AR steps. Being a second, independent
+    implementation is the point of the check."""
     b, n, d, t = len(prompts), policy.num_tokens, policy.token_dim, policy.sampler.num_steps
     ids = policy.tokenize(prompts)
     order = torch.stack([torch.randperm(n, generator=gen) for _ in range(b)])
@@ -198,7 +199,7 @@ def test_policy_gradient_matches_the_pathwise_gradient(method, shuffle):
     trained = [p for group in tr.opt.param_groups for p in group["params"]]
 
     def flat() -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in trained])
+        return flat_grad([p.grad for p in trained], trained)
 
     gen = torch.Generator().manual_seed(1)
     pool = [m["prompt"] for m in PROMPTS]
@@ -207,10 +208,9 @@ def test_policy_gradient_matches_the_pathwise_gradient(method, shuffle):
     exact = flat()
     estimate = torch.zeros_like(exact)
     for _ in range(150):
-        _, _, _, rollout, _, adv, plans, _ = tr.collect()
-        if shuffle:
-            adv = adv[torch.randperm(len(adv), generator=gen)]
-        tr.compute_grads(rollout, plans, adv)
+        batch = tr.collect()
+        adv = batch.adv[torch.randperm(len(batch.adv), generator=gen)] if shuffle else batch.adv
+        tr.compute_grads(batch.rollout, batch.plans, adv)
         estimate -= flat()  # the loss gradient points downhill
     cos = torch.nn.functional.cosine_similarity(estimate, exact, dim=0).item()
     if shuffle:

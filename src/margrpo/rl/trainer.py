@@ -17,7 +17,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -31,6 +31,19 @@ from margrpo.rl.gradprobe import flat_grad, pair_stats, variance_ratio
 from margrpo.rl.policy_loss import loss_backward, prepare, speculative_steps_needed
 
 GENERATORS = ("data", "rollout", "plan", "mte")
+
+
+class Batch(NamedTuple):
+    """One training batch: rollout, rewards, advantages and loss plan (Trainer.collect)."""
+
+    groups: torch.Tensor  # [B] group index of every image
+    ar_steps: list[int]
+    head_steps: list[torch.Tensor]
+    rollout: object
+    rewards: torch.Tensor  # [B]
+    adv: torch.Tensor  # [B]
+    plans: list
+    rollout_s: float
 
 
 class NonFiniteError(RuntimeError):
@@ -122,9 +135,9 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         return loss_backward(self.policy, self.ref, rollout, plans, adv, self.tcfg, image_weight)
 
-    def collect(self):
-        """One batch's rollout and loss plan, drawn from the trainer's generators:
-        (groups, ar_steps, head_steps, rollout, rewards [B], adv [B], plans, rollout seconds)."""
+    def collect(self) -> Batch:
+        """One batch's rollout, rewards, advantages and loss plan, drawn from the trainer's
+        generators."""
         t0 = time.time()
         metas, groups = self.sample_batch()
         ar_steps, head_steps = self.plan_steps()
@@ -135,7 +148,7 @@ class Trainer:
         rewards = self.reward(rollout.images, rollout.prompts, metas).float()
         adv = group_advantages(rewards, groups)
         plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode, self.gens["mte"])
-        return groups, ar_steps, head_steps, rollout, rewards, adv, plans, t_roll
+        return Batch(groups, ar_steps, head_steps, rollout, rewards, adv, plans, t_roll)
 
     def train_step(self) -> dict[str, float]:
         t0 = time.time()
