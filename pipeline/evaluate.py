@@ -1,18 +1,25 @@
-"""Stage evaluate@<target>: score base / a trained method on the held-out world prompts.
+"""Stage evaluate@<target>: score base / a trained method on the test world prompts.
 
-`python -m pipeline.evaluate --target grpo`. One replicate per seed in train.seeds: for a
-trained method, replicate s uses the model trained with seed s; for `base`, the one base
-model. Replicate s samples evaluate.images_per_prompt images per prompt with the same
+`python -m pipeline.evaluate --target grpo`. The test split is used only here: training
+selects its best checkpoint on the held-out split. One replicate per seed in train.seeds:
+for a trained method, replicate s scores the final and the best model trained with seed s;
+for `base`, the one base model. Replicate s samples evaluate.images_per_prompt images per prompt with the same
 per-image seeds for every target, so targets differ only in their weights. Outputs under
 reports/eval/<target>/: metrics.json (mean and std over replicates; DVC metrics),
-per_seed.json (each replicate's summary, for the report's error bars) and grid.png
-(replicate 0, evaluate.grid_prompts prompts across tags; a DVC image plot).
+per_seed.json (each replicate's summary, for the report's error bars), per_seed_best.json
+(the same for the best checkpoints; methods only, {} for base), scores.csv (mean
+score per GenEval tag and T2I category; a DVC bar plot) and grid.png (replicate 0,
+evaluate.grid_prompts prompts across tags; a DVC image plot).
+
+With runtime.nproc > 1 the stage runs as that many torchrun ranks: rank 0 runs the flow,
+the others follow it (`follow`); each replicate's sampling and scoring is shared over them
+(margrpo.study.sample_and_score) with exactly the single-process per-image scores.
 """
 from pipeline.common import preamble
 
 preamble()
 
-import argparse  # noqa: E402
+import json  # noqa: E402
 import time  # noqa: E402
 
 from prefect import flow, task  # noqa: E402
@@ -21,66 +28,136 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from pipeline import common  # noqa: E402
 
 
-@task(cache_policy=NO_CACHE)
-def sample(params, model_path, metas: list[dict], replicate: int, desc: str):
-    from margrpo.eval.generate import image_seeds, sample_images
+def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc: str = "", grid: bool = False):
+    """(summary metrics, grid image or None) of one replicate; every rank calls it alike."""
+    import torch
+
     from margrpo.models.loading import load_model
+    from margrpo.study import sample_and_score
+    from margrpo.world.evaluator import WorldEvaluator
+    from margrpo.world.generate import grid_prompt_indices, image_grid, image_seeds, summarize
 
     model = load_model(model_path, params)
     e = params.evaluate
     seeds = image_seeds(e.seed, replicate, len(metas), e.images_per_prompt)
-    return sample_images(model, [m["prompt"] for m in metas], seeds, e.batch_size, desc=desc)
+    rows = grid_prompt_indices(metas, e.grid_prompts) if grid else []
+    keep = [r * e.images_per_prompt + k for r in rows for k in range(e.images_per_prompt)]
+    scores, kept = sample_and_score(model, metas, seeds, e.batch_size, WorldEvaluator(params.world.image_size),
+                                    keep=keep, progress=True, desc=desc)
+    picture = None
+    if grid:
+        images = torch.stack([kept[i] for i in keep]).unflatten(0, (len(rows), e.images_per_prompt))
+        picture = image_grid(images, [metas[r]["prompt"] for r in rows])
+    return summarize(scores), picture
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
-def score(images, metas: list[dict], image_size: int) -> dict[str, float]:
-    """Retried: scoring is the step that talks to reward / detector backends."""
-    from margrpo.eval.generate import score_images, summarize
-    from margrpo.world.evaluator import WorldEvaluator
+@task(cache_policy=NO_CACHE)
+def sample_and_score(params, model_path, metas: list[dict], replicate: int, desc: str, grid: bool | None = None):
+    """Not retried: with several ranks a retry on rank 0 alone would desynchronise them."""
+    return replicate_scores(params, model_path, metas, replicate, desc, grid=replicate == 0 if grid is None else grid)
 
-    return summarize(score_images(WorldEvaluator(image_size), images, metas))
+
+def scores_csv(mean: dict[str, float]) -> str:
+    """metric,score rows for the per-tag bar chart (a DVC plot): GenEval tags, T2I
+    categories, then the overall / mean scores."""
+    keys = sorted(mean, key=lambda k: (k.endswith(("overall", "/mean")), k))
+    return "metric,score\n" + "".join(f"{k.removeprefix('eval/')},{mean[k]:.6g}\n" for k in keys)
 
 
 @flow(name="evaluate")
 def evaluate(target: str) -> None:
-    from margrpo.eval.generate import aggregate, prompt_grid
-    from margrpo.world.prompts import read_jsonl
+    from margrpo.jsonl import read_jsonl
+    from margrpo.stats import aggregate
 
     params = common.load()
     if target != "base":
         params.method(target)  # a clear error for a target that is not a method
     study = common.open_study(params)
     run_id = study.child("evaluate", target)
-    metas = read_jsonl(common.HELDOUT_PROMPTS)
+    trained = common.REPORTS / "train" / target / "trained.json"
+    if trained.exists():  # link the evaluation to the training runs it scores
+        study.set_tags(run_id, {"trained_by": json.loads(trained.read_text())["mlflow_method_run"]})
+    check_models(params, target)
+    models_checked()
+    metas = read_jsonl(common.TEST_PROMPTS)
     out = common.REPORTS / "eval" / target
-    out.mkdir(parents=True, exist_ok=True)
-    per_seed = {}
+    per_seed, per_seed_best, grid = {}, {}, None
     t0 = time.time()
     for replicate, seed in enumerate(params.train.seeds):
-        images = sample(params, common.model_for(target, seed, params), metas, replicate,
-                        desc=f"evaluate {target} seed {seed}")
-        per_seed[seed] = score(images, metas, params.world.image_size)
+        per_seed[seed], picture = sample_and_score(params, common.model_for(target, seed, params), metas, replicate,
+                                                   desc=f"evaluate {target} seed {seed}")
+        grid = grid or picture  # replicate 0's
         study.log_metrics(run_id, {f"seed{seed}/{k}": v for k, v in per_seed[seed].items()})
-        if replicate == 0:
-            prompt_grid(images, metas, params.evaluate.grid_prompts).save(out / "grid.png")
+        if target != "base":  # the checkpoint with the best held-out score during training
+            per_seed_best[seed], _ = sample_and_score(params, common.model_for(target, seed, params, "best"), metas,
+                                                      replicate, desc=f"evaluate {target} seed {seed} (best)", grid=False)
+            study.log_metrics(run_id, {f"seed{seed}/best/{k}": v for k, v in per_seed_best[seed].items()})
     agg = aggregate(list(per_seed.values()))
     metrics = {"mean": agg["mean"], "std": agg["std"], "replicates": len(per_seed),
-               "images": len(metas) * params.evaluate.images_per_prompt * len(per_seed),
+               # images sampled and scored, the best checkpoints' included (eval_s covers both)
+               "images": len(metas) * params.evaluate.images_per_prompt * (len(per_seed) + len(per_seed_best)),
                "time/eval_s": round(time.time() - t0, 1)}
-    common.write_json(metrics, out / "metrics.json")
+    if per_seed_best:
+        best = aggregate(list(per_seed_best.values()))
+        metrics["best"] = {"mean": best["mean"], "std": best["std"]}
+    # Written only now, each file whole: a kill leaves the committed files as they were.
+    common.save_png(grid, out / "grid.png")
+    common.write_text(scores_csv(agg["mean"]), out / "scores.csv")
     common.write_json({str(k): v for k, v in per_seed.items()}, out / "per_seed.json")
-    study.log_metrics(run_id, agg["mean"])
-    study.log_metrics(run_id, {f"{k}_std": v for k, v in agg["std"].items()})
+    common.write_json({str(k): v for k, v in per_seed_best.items()}, out / "per_seed_best.json")
+    common.write_json(metrics, out / "metrics.json")
+    # 4 decimals (far below the replicate noise): readable in the runs table's columns
+    study.log_metrics(run_id, agg["mean"], digits=4)
+    study.log_metrics(run_id, {f"{k}_std": v for k, v in agg["std"].items()}, digits=4)
     study.log_artifact(run_id, out, "eval")
     study.finish(run_id)
     print(f"evaluate {target}: geneval overall {agg['mean'].get('eval/geneval/overall', float('nan')):.3f}, "
           f"t2i mean {agg['mean'].get('eval/t2i/mean', float('nan')):.3f}")
 
 
+def check_models(params, target: str) -> None:
+    """Every model this evaluation reads exists, before any sampling (a fresh clone has no
+    trained models: they are DVC-cached and the repo has no remote)."""
+    for seed in params.train.seeds:
+        for which in ("final",) if target == "base" else ("final", "best"):
+            path = common.model_for(target, seed, params, which)
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: no such folder\n    fix: `dvc repro train@{target}` trains it "
+                                        "(or `dvc repro` for the whole study)" if target != "base" else
+                                        f"{path}: no such folder\n    fix: `git checkout -- {path}` restores the "
+                                        "committed base model")
+
+
+def models_checked() -> None:
+    """All ranks meet here after rank 0 has checked the models (no-op in one process). If
+    rank 0's check fails it never arrives, and torchrun stops the waiting ranks."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def follow(target: str) -> None:
+    """Ranks > 0: the replicates of rank 0's flow, in the same order, without its files."""
+    from margrpo.jsonl import read_jsonl
+
+    params = common.load()
+    models_checked()  # waits for rank 0's check: a missing model fails there, once, inside its flow
+    metas = read_jsonl(common.TEST_PROMPTS)
+    for replicate, seed in enumerate(params.train.seeds):
+        replicate_scores(params, common.model_for(target, seed, params), metas, replicate, grid=replicate == 0)
+        if target != "base":
+            replicate_scores(params, common.model_for(target, seed, params, "best"), metas, replicate)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True, help="base or a key of params.yaml `methods`")
-    evaluate(parser.parse_args().target)
+    common.run_keyed("evaluate", "target", "base or a key of params.yaml `methods`", launch, __doc__)
+
+
+def launch(target: str) -> None:
+    from margrpo.rl.distributed import run_stage
+
+    run_stage(common.load().runtime, "pipeline.evaluate", lambda: evaluate(target), lambda: follow(target))
 
 
 if __name__ == "__main__":

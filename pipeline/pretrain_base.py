@@ -1,14 +1,14 @@
 """Stage pretrain_base: pretrain the embedded TinyMAR on the world's train split.
 
-Writes model.checkpoint (the EMA model, float16 parameters via loading.save_base; committed to git with
-`cache: false`, so a fresh clone does not retrain it), reports/pretrain/curve.csv (loss
-curve, a DVC plot) and reports/pretrain/metrics.json.
+Writes model.checkpoint (the EMA model, float16 parameters via loading.save_base; committed
+to git with `cache: false`, so a fresh clone does not retrain it; swapped in only when
+complete), reports/pretrain/curve.csv (loss curve, a DVC plot) and
+reports/pretrain/metrics.json.
 """
 from pipeline.common import preamble
 
 preamble()
 
-import csv  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -24,21 +24,25 @@ OUT = common.REPORTS / "pretrain"
 def run_pretraining(params, study, run_id: str) -> tuple[object, list[dict]]:
     import torch
 
+    from margrpo.models.device import place
     from margrpo.models.loading import new_model
-    from margrpo.models.pretrain import PretrainSettings, pretrain
+    from margrpo.models.pretrain import pretrain
+    from margrpo.world.data import WorldBatches
+    from margrpo.world.grammar import VOCAB
 
     torch.manual_seed(params.pretrain.seed)
-    model = new_model(params)
+    model = place(new_model(params, VOCAB), params.runtime.device, params.runtime.dtype)
     rows: list[dict] = []
 
     def on_log(step: int, metrics: dict[str, float]) -> None:
         rows.append({"step": step, **metrics})
         study.log_metrics(run_id, metrics, step)
 
-    settings = PretrainSettings(**params.pretrain.model_dump())
+    settings = params.pretrain
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"pretrain: {n_params / 1e6:.2f} M parameters, {settings.steps} steps x {settings.batch_size} images")
-    ema = pretrain(model, settings, on_log=on_log, progress=True)
+    print(f"pretrain: {n_params / 1e6:.2f} M parameters, {settings.steps} steps x {settings.batch_size} images "
+          f"on {model.device} ({params.runtime.dtype})")
+    ema = pretrain(model, settings, WorldBatches(params.world.image_size), on_log=on_log, progress=True)
     return ema, rows
 
 
@@ -50,15 +54,13 @@ def pretrain_base() -> None:
     t0 = time.time()
     ema, rows = run_pretraining(params, study, run_id)
     from margrpo.models.loading import save_base
+    from margrpo.report.curves import curve_csv
 
     out = Path(params.model.checkpoint)
-    save_base(ema, out)
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "curve.csv", "w", newline="") as f:
-        fields = sorted({k for r in rows for k in r} - {"step"})
-        writer = csv.DictWriter(f, ["step", *fields])
-        writer.writeheader()
-        writer.writerows(rows)
+    staged = common.staging_dir(out)
+    save_base(ema, staged)
+    common.replace_dir(staged, out)
+    common.write_text(curve_csv(rows), OUT / "curve.csv")
     metrics = {"pretrain/steps": params.pretrain.steps, "time/pretrain_s": round(time.time() - t0, 1)}
     if rows:
         metrics["pretrain/final_loss"] = rows[-1]["pretrain/loss"]
@@ -70,4 +72,4 @@ def pretrain_base() -> None:
 
 
 if __name__ == "__main__":
-    pretrain_base()
+    common.run("pretrain_base", pretrain_base)

@@ -1,9 +1,14 @@
 """Params profiles: a partial params file (e.g. params_quick.yaml) as overrides.
 
-    dvc exp run $(python -m pipeline.profile params_quick.yaml)    # -S flags, one experiment
-    python -m pipeline.profile params_quick.yaml --apply           # merge into params.yaml
+    python -m pipeline.quick                                      # the quick profile, as a --temp experiment
+    dvc exp run --temp $(python -m pipeline.profile params_quick.yaml)   # the same, by hand
+    python -m pipeline.profile params_quick.yaml --apply          # merge into params.yaml (asked for)
 
-The profile is validated together with params.yaml before anything runs.
+Without --apply nothing is written: the -S flags go to `dvc exp run`, whose `--temp` runs
+in a scratch copy and leaves params.yaml and the committed reports alone (a plain
+`dvc exp run` would write the profile and its results into the workspace). --apply keeps
+params.yaml's comments and layout (DVC's round-trip YAML writer). The profile is validated
+together with params.yaml before anything runs.
 """
 from __future__ import annotations
 
@@ -45,20 +50,41 @@ def set_flags(profile: dict) -> list[str]:
     return flags
 
 
-def main(argv: list[str] | None = None) -> None:
+def merged_params(profile_path: Path, params_path: Path = Path("params.yaml")):
+    """(profile dict, validated Params of params.yaml + profile); ParamsError names the key."""
     from margrpo.config import parse_params
+
+    base = yaml.safe_load(params_path.read_text()) or {}
+    profile = yaml.safe_load(profile_path.read_text()) or {}
+    return profile, parse_params(merge(base, profile), f"{params_path} + {profile_path}")
+
+
+def apply(profile: dict, params_path: Path) -> None:
+    from dvc.utils.serialize import modify_yaml
+
+    with modify_yaml(params_path) as data:
+        for key, value in flatten(profile).items():
+            *parents, leaf = key.split(".")
+            node = data
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+
+
+def main(argv: list[str] | None = None) -> None:
+    from margrpo.config import ParamsError
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile", type=Path)
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--apply", action="store_true", help="write the merged params into --params")
     args = ap.parse_args(argv)
-    base = yaml.safe_load(args.params.read_text()) or {}
-    profile = yaml.safe_load(args.profile.read_text()) or {}
-    merged = merge(base, profile)
-    parse_params(merged, f"{args.params} + {args.profile}")
+    try:
+        profile, _ = merged_params(args.profile, args.params)
+    except ParamsError as err:
+        raise SystemExit(str(err)) from None
     if args.apply:
-        args.params.write_text(yaml.safe_dump(merged, sort_keys=False))
+        apply(profile, args.params)
     else:
         sys.stdout.write(" ".join(set_flags(profile)) + "\n")
 

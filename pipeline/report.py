@@ -1,10 +1,12 @@
 """Stage report: reports/report.md, reports/report.html (self-contained) and
-reports/summary.json (claim verdicts and headline scores, DVC metrics); closes the
-study's MLflow parent run with the report attached.
+reports/summary.json (claim verdicts and headline scores, DVC metrics). The study's MLflow
+parent run gets the report and the headline numbers, so the runs table shows them.
 """
 from pipeline.common import preamble
 
 preamble()
+
+import time  # noqa: E402
 
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
@@ -14,34 +16,51 @@ from pipeline import common  # noqa: E402
 TITLE = "MAR-GRPO study report"
 
 
+def provenance(study) -> str:
+    """The line under the title: what produced this report, and from which inputs."""
+    from margrpo.tracking.runs import git_revision, params_hash
+
+    rev = git_revision(common.tracking_root())
+    return (f"git {rev[:10]} · {time.strftime('%Y-%m-%d %H:%M %Z')} · experiment {common.exp_name()} · "
+            f"params {params_hash(common.PARAMS_FILE.read_text())} · MLflow study {study.study}")
+
+
 @task(cache_policy=NO_CACHE)
-def write_report(params) -> dict:
+def write_report(params, subtitle: str) -> dict:
     from margrpo.report.build import build
     from margrpo.report.render import to_html, to_markdown
 
     methods = list(params.methods)
-    sections, summary = build(params, [*common.EVAL_TARGETS, *methods], methods, common.REPORTS)
-    (common.REPORTS / "report.md").write_text(to_markdown(TITLE, sections, common.REPORTS))
-    (common.REPORTS / "report.html").write_text(to_html(TITLE, sections))
+    staged = common.staging_dir(common.REPORTS / "figures")
+    sections, summary = build(params, [*common.EVAL_TARGETS, *methods], methods, common.REPORTS, staged)
+    common.replace_dir(staged, common.REPORTS / "figures")
+    for s in sections:  # the figures now live in reports/figures
+        for f in s.figures:
+            if f.path.parent == staged:
+                f.path = common.REPORTS / "figures" / f.path.name
+    common.write_text(to_markdown(TITLE, sections, common.REPORTS, subtitle), common.REPORTS / "report.md")
+    common.write_text(to_html(TITLE, sections, subtitle), common.REPORTS / "report.html")
     common.write_json(summary, common.REPORTS / "summary.json")
     return summary
 
 
 @flow(name="report")
 def report() -> None:
+    from margrpo.tracking.runs import headline_metrics
+
     params = common.load()
     study = common.open_study(params)
     run_id = study.child("report")
-    summary = write_report(params)
+    summary = write_report(params, provenance(study))
     for name in ("report.md", "report.html", "summary.json"):
         study.log_artifact(run_id, common.REPORTS / name, "report")
         study.log_artifact(study.parent_id, common.REPORTS / name, "report")
     study.log_artifact(run_id, common.REPORTS / "figures", "report/figures")
-    study.log_metrics(study.parent_id, {f"claims/{k}": v for k, v in summary["claims"].items()})
+    study.log_metrics(study.parent_id, headline_metrics(summary), digits=4)
+    study.log_metrics(run_id, headline_metrics(summary), digits=4)
     study.finish(run_id)
-    study.finish(study.parent_id)
     print("report: reports/report.md, reports/report.html; claims", summary["claims"])
 
 
 if __name__ == "__main__":
-    report()
+    common.run("report", report)

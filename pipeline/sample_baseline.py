@@ -44,9 +44,9 @@ def pick_prompts(rows: list[dict], per_purpose: int) -> list[dict]:
 
 @flow(name="sample_baseline")
 def sample_baseline() -> None:
-    from margrpo.eval.generate import image_seeds, prompt_grid, sample_images
+    from margrpo.jsonl import read_jsonl
     from margrpo.models.loading import load_model
-    from margrpo.world.prompts import read_jsonl
+    from margrpo.world.generate import image_seeds, prompt_grid, sample_images
 
     params = common.load()
     study = common.open_study(params)
@@ -67,8 +67,8 @@ def sample_baseline() -> None:
         "baseline/prompts": len(metas),
         "baseline/group_size": group,
     }
+    common.save_png(prompt_grid(images, metas, params.evaluate.grid_prompts), OUT / "grid.png")
     common.write_json(metrics, OUT / "metrics.json")
-    prompt_grid(images, metas, params.evaluate.grid_prompts).save(OUT / "grid.png")
     study.log_metrics(run_id, metrics)
     study.log_artifact(run_id, OUT, "baseline")
     study.finish(run_id)
@@ -76,4 +76,4 @@ def sample_baseline() -> None:
 
 
 if __name__ == "__main__":
-    sample_baseline()
+    common.run("sample_baseline", sample_baseline)

@@ -11,8 +11,8 @@ import argparse
 import torch
 
 from margrpo.config import load_params
-from margrpo.eval.generate import image_grid
 from margrpo.models.loading import load_model
+from margrpo.world.generate import image_grid
 from margrpo.world.prompts import make_prompt_set
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     metas += make_prompt_set("heldout", 2, seed=a.seed)[1::2][: 16 - len(metas)]
     prompts = [m["prompt"] for m in metas]
     per_image = [p for p in prompts for _ in range(4)]
-    images = model.rollout(per_image, generator=torch.Generator().manual_seed(a.seed)).images
+    images = model.rollout(per_image, generator=torch.Generator().manual_seed(a.seed)).images.cpu()
     image_grid(images.view(len(prompts), 4, *images.shape[1:]), prompts).save(a.out)
     print(f"wrote {a.out}")
 

@@ -19,11 +19,9 @@ import statistics
 
 import torch
 
-from margrpo.models.loading import load_model
-from margrpo.rewards.base import build_weighted_reward
+from margrpo.config import load_params, parse_overrides
+from margrpo.jsonl import read_jsonl
 from margrpo.rl.trainer import Trainer
-from margrpo.world.prompts import read_jsonl
-from rl_probe import load_with_overrides
 
 
 def main() -> None:
@@ -40,12 +38,10 @@ def main() -> None:
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
-    params = load_with_overrides(a.params, a.overrides)
-    torch.manual_seed(a.seed)
-    policy = load_model(params.model.checkpoint, params)
-    reward = build_weighted_reward(params.reward_specs())
+    params = load_params(a.params, parse_overrides(a.overrides))
     train = read_jsonl("prompts/world_train.jsonl")
-    tr = Trainer(policy, params, params.method(a.method), a.seed, train, reward)
+    tr = Trainer.from_params(params, a.method, a.seed, train)
+    policy, reward = tr.policy, tr.reward
 
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(10**6 + a.seed))[: a.eval_prompts]
     metas = [train[i] for i in pick.tolist() for _ in range(a.eval_images)]
@@ -67,7 +63,7 @@ def main() -> None:
         grads, batch_rewards = [torch.zeros_like(p) for p in trained], []
         for _ in range(a.accumulate):
             batch = tr.collect()
-            tr.compute_grads(batch.rollout, batch.plans, batch.adv)
+            tr.compute_grads(batch)
             batch_rewards.append(batch.rewards)
             for g, p in zip(grads, trained):
                 if p.grad is not None:

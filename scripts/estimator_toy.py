@@ -31,7 +31,7 @@ import math
 import torch
 
 from margrpo.models.samplers import DDPMSampler, gaussian_log_prob
-from margrpo.rl.estimators import ESTIMATORS, chain_policy_terms, draw_chains
+from margrpo.rl.estimators import ESTIMATORS, chain_policy_terms, draw_chains, generator_noise
 
 
 class LinearGaussianToy:
@@ -112,7 +112,7 @@ def estimate(toy: LinearGaussianToy, estimator: str, m: int, chain, logp, genera
     mask = torch.ones(b, 1, dtype=torch.bool)
     with torch.no_grad():
         draw = draw_chains(estimator, sampler=toy.sampler, logp_fn=logp_fn, chain=chain, logp=logp,
-                           mask=mask, num_chains=m, generator=generator, sample_fn=toy.sample_fn)
+                           mask=mask, num_chains=m, noise=generator_noise(generator), sample_fn=toy.sample_fn)
     terms, _ = chain_policy_terms(draw, logp_fn(draw.states, draw.rows), torch.ones(b), 0.2, n_tokens=1)
     (g,) = torch.autograd.grad(terms.sum(), theta_rows)
     return -g, draw.ess  # loss = -A * ratio, so the policy-gradient estimate is -dloss

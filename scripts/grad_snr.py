@@ -6,9 +6,9 @@
 
 For each variant (name:key=value,... applied on top of the -S overrides) and each of
 --batches rollout batches (same prompts and rollout seeds for every variant), the policy
-gradient of the transformer is computed twice, once from each half of every group
-(the trainer's probe/cos_halves split). The two halves are independent estimates of one
-expected gradient, so over batches
+gradient of the transformer is computed twice, once from each half of the groups (prompts;
+the trainer's probe/snr split). The two halves are independent estimates of one expected
+gradient, so over batches
     signal = mean(g_a . g_b)            estimates |E g|^2 (per half-batch)
     noise  = mean(|g_a - g_b|^2 / 2)    estimates trace Cov(g) (per half-batch)
 and snr = signal / noise says how many steps the update needs before its drift follows the
@@ -20,26 +20,22 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from margrpo.models.loading import load_model
-from margrpo.rewards.base import build_weighted_reward
-from margrpo.rl.gradprobe import flat_grad, pair_stats
+from margrpo.config import load_params, parse_overrides
+from margrpo.jsonl import read_jsonl
+from margrpo.rl.gradprobe import flat_grad, group_halves, pair_stats
 from margrpo.rl.trainer import Trainer
-from margrpo.world.prompts import read_jsonl
-
-from rl_probe import load_with_overrides
 
 
 def measure(tr: Trainer, batches: int) -> dict[str, float]:
-    half = (torch.arange(tr.tcfg.prompts_per_step * tr.tcfg.group_size) % tr.tcfg.group_size) < tr.tcfg.group_size // 2
-    sig, noise, cos, secs = [], [], [], []
+    sig, noise, cos, secs, ess = [], [], [], [], []
     for _ in range(batches):
         batch = tr.collect()
+        ess += [p.stats["select/ess"] for p in batch.plans if "select/ess" in p.stats]
+        half = group_halves(batch.groups)
         grads = []
         for w in (half, ~half):
             t = time.time()
-            tr.compute_grads(batch.rollout, batch.plans, batch.adv, w)
+            tr.compute_grads(batch, w)
             secs.append(time.time() - t)
             grads.append(flat_grad([p.grad for p in tr.ar_params], tr.ar_params))
         st = pair_stats(*grads)
@@ -48,7 +44,7 @@ def measure(tr: Trainer, batches: int) -> dict[str, float]:
         cos.append(st["cosine"])
     s, n = sum(sig) / batches, sum(noise) / batches
     return {"snr": s / n, "cos": sum(cos) / batches, "signal": s, "noise": n,
-            "backward_s": 2 * sum(secs) / len(secs)}
+            "backward_s": 2 * sum(secs) / len(secs), "ess": sum(ess) / len(ess) if ess else float("nan")}
 
 
 def main() -> None:
@@ -60,17 +56,14 @@ def main() -> None:
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value (all variants)")
     ap.add_argument("--variant", action="append", required=True, help="name:key=value,key=value")
     a = ap.parse_args()
-    print(f"{'variant':28s} {'snr':>8s} {'cos':>7s} {'signal':>10s} {'noise':>10s} {'bwd_s':>6s}")
+    print(f"{'variant':28s} {'snr':>8s} {'cos':>7s} {'signal':>10s} {'noise':>10s} {'bwd_s':>6s} {'ess':>5s}")
     for v in a.variant:
         name, _, rest = v.partition(":")
-        params = load_with_overrides(a.params, a.overrides + [x for x in rest.split(",") if x])
-        torch.manual_seed(a.seed)
-        policy = load_model(params.model.checkpoint, params)
-        tr = Trainer(policy, params, params.method(a.method), a.seed,
-                     read_jsonl("prompts/world_train.jsonl"), build_weighted_reward(params.reward_specs()))
+        params = load_params(a.params, parse_overrides(a.overrides + [x for x in rest.split(",") if x]))
+        tr = Trainer.from_params(params, a.method, a.seed, read_jsonl("prompts/world_train.jsonl"))
         r = measure(tr, a.batches)
         print(f"{name:28s} {r['snr']:8.4f} {r['cos']:7.4f} {r['signal']:10.3e} {r['noise']:10.3e} "
-              f"{r['backward_s']:6.2f}", flush=True)
+              f"{r['backward_s']:6.2f} {r['ess']:5.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,24 +19,26 @@ import time
 
 import torch
 
-from margrpo.eval.generate import image_seeds, sample_images, score_images, summarize
+from margrpo.config import load_params, parse_overrides
+from margrpo.jsonl import read_jsonl
+from margrpo.models.device import place
 from margrpo.models.loading import configure, new_model
-from margrpo.models.pretrain import PretrainSettings, pretrain
-from margrpo.world.evaluator import WorldEvaluator
-from margrpo.world.grammar import COLORS
-from margrpo.world.prompts import read_jsonl
+from margrpo.models.pretrain import pretrain
+from margrpo.study import heldout_evaluator
+from margrpo.world.data import WorldBatches
+from margrpo.world.grammar import VOCAB
+from margrpo.world.render import COLOR_NAMES, COLOR_TABLE
 
-from rl_probe import load_with_overrides
 
 
 def colour_following(model, per_colour: int = 16) -> float:
     """Mean share of ink pixels (far from the white background) nearest the prompted colour."""
-    names = list(COLORS)
-    palette = torch.tensor([COLORS[c] for c in names]).float()  # [C, 3] in [0, 1]
+    names = list(COLOR_NAMES)
+    palette = torch.from_numpy(COLOR_TABLE)  # [C, 3] in [0, 1]
     shares = []
     for c in names:
         ro = model.rollout([f"a {c} square"] * per_colour, seeds=torch.arange(per_colour))
-        pixels = ro.images.reshape(per_colour, 3, -1).permute(0, 2, 1)  # [n, HW, 3]
+        pixels = ro.images.cpu().reshape(per_colour, 3, -1).permute(0, 2, 1)  # [n, HW, 3]
         for px in pixels:
             ink = px[(1 - px).norm(dim=-1) > 0.4]
             if len(ink):
@@ -54,16 +56,15 @@ def main() -> None:
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
     items = [f"pretrain.steps={a.steps}", f"pretrain.decay_steps={a.steps // 5}", *a.overrides]
-    params = load_with_overrides(a.params, items)
+    params = load_params(a.params, parse_overrides(items))
     metas = [m for m in read_jsonl("prompts/world_heldout.jsonl") if m.get("tag")]
-    seeds = image_seeds(params.evaluate.seed, 0, len(metas), 4)
+    heldout = heldout_evaluator(params, metas, 4, batch_size=64)
     t0 = time.time()
 
     def on_checkpoint(step: int, ema) -> None:
         model = copy.deepcopy(ema)
         configure(model, params.sampling)
-        images = sample_images(model, [m["prompt"] for m in metas], seeds, 64, progress=False)
-        s = summarize(score_images(WorldEvaluator(params.world.image_size), images, metas))
+        s = heldout(model)
         row = {"step": step, "min": round((time.time() - t0) / 60, 2),
                "colour_follow": round(colour_following(model), 3),
                **{k.split("/")[-1]: round(v, 3) for k, v in s.items() if k.startswith("eval/geneval/")}}
@@ -72,7 +73,8 @@ def main() -> None:
             model.save_pretrained(a.save)
 
     torch.manual_seed(params.pretrain.seed)
-    pretrain(new_model(params), PretrainSettings(**params.pretrain.model_dump()), progress=False,
+    model = place(new_model(params, VOCAB), params.runtime.device, params.runtime.dtype)
+    pretrain(model, params.pretrain, WorldBatches(params.world.image_size), progress=False,
              on_checkpoint=on_checkpoint, checkpoint_every=a.every)
 
 

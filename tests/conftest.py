@@ -11,8 +11,10 @@ TINY = {
     "model": {"width": 32, "depth": 1, "heads": 2, "cond_dim": 32, "head_width": 32, "head_depth": 1},
     "sampling": {"num_ar_steps": 4, "head_steps": 4},
     "train": {"steps": 4, "prompts_per_step": 2, "group_size": 4, "loss_ar_steps": 2, "loss_head_steps": 2,
-              "checkpoint_every": 2, "lr": 1e-3},
+              "loss_head_window": 4, "checkpoint_every": 2, "grad_probe_every": 0, "lr": 1e-3},
     "rewards": [{"name": "test_red", "weight": 1.0}],
+    # Tiny-model tests compare numbers on the CPU, also on a GPU machine (CUDA tests ask for it).
+    "runtime": {"device": "cpu"},
     "methods": {
         "grpo": {"freeze_head": False},
         "mar_grpo": {"freeze_head": True, "estimator": "posterior", "topk": True, "consistency": True,
@@ -36,16 +38,8 @@ def _red(**kw):
 
 
 def tiny_params(**overrides):
-    import copy
-
-    raw = copy.deepcopy(TINY)
-    for dotted, v in overrides.items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return parse_params(raw)
+    """TINY on top of the code defaults (= the study's params.yaml), then dotted overrides."""
+    return parse_params(TINY, "tests/conftest.py TINY", overrides)
 
 
 def randomize_head(model, seed=0):
@@ -60,6 +54,7 @@ def randomize_head(model, seed=0):
 @pytest.fixture
 def tiny_model():
     from margrpo.models.loading import new_model
+    from margrpo.world.grammar import VOCAB
 
     torch.manual_seed(0)
-    return randomize_head(new_model(tiny_params()))
+    return randomize_head(new_model(tiny_params(), VOCAB))

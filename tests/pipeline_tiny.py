@@ -1,16 +1,26 @@
-"""Shared by the pipeline tests: a tiny params profile and a scratch copy of the repo."""
+"""Shared by the pipeline tests: a tiny params profile, a scratch repo, and how to run DVC
+and watch its processes there."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import shutil
+import signal
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
 
 # Small enough that every stage takes seconds on a shared 2-core machine; two seeds so the
 # spread-over-seeds code paths run.
@@ -46,19 +56,36 @@ def scratch_repo(dst: Path, overrides: dict) -> Path:
             shutil.copy2(src, dst / rel)
     params = yaml.safe_load((dst / "params.yaml").read_text())
     (dst / "params.yaml").write_text(yaml.safe_dump(merge(params, overrides), sort_keys=False))
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=dst, check=True)
-    subprocess.run(git + ["commit", "-q", "-m", "scratch copy"], cwd=dst, check=True)
+    commit(dst, "scratch copy")
     return dst
 
 
-def pipeline_env(root: Path) -> dict[str, str]:
+def commit(root: Path, message: str) -> None:
+    subprocess.run(GIT + ["add", "-A"], cwd=root, check=True)
+    subprocess.run(GIT + ["commit", "-q", "--allow-empty", "-m", message], cwd=root, check=True)
+
+
+def clone(src: Path, dst: Path) -> Path:
+    """A fresh clone: what git has, no DVC cache, no mlflow.db."""
+    subprocess.run(["git", "clone", "-q", str(src), str(dst)], check=True)
+    return dst
+
+
+# A Prefect API server shared by the stages of the pipeline tests (prefect_server): each
+# stage otherwise starts its own temporary one, 8 s of 18 per tiny stage on 2 busy cores.
+SHARED_PREFECT: dict[str, str] = {}
+
+
+def pipeline_env(root: Path, ephemeral: bool = False) -> dict[str, str]:
     """Environment of a stage run: the venv first on PATH (dvc runs `python -m ...`), the
     default tracking store in the scratch repo, a private Prefect home, one torch thread,
     and the scratch copy's sources first on sys.path (margrpo is installed editable from
-    the main tree)."""
+    the main tree). ephemeral: each flow starts its own Prefect server, as for a user
+    (the shared one otherwise, when prefect_server runs)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    if not ephemeral:
+        env.update(SHARED_PREFECT)
     env.update({
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         "PREFECT_HOME": str(root / ".prefect-home"),
@@ -68,3 +95,102 @@ def pipeline_env(root: Path) -> dict[str, str]:
         "DVC_NO_ANALYTICS": "1",
     })
     return env
+
+
+def run(root: Path, *cmd: str, check: bool = True, timeout: float = 600,
+        ephemeral: bool = False) -> subprocess.CompletedProcess:
+    """A command in the scratch repo; `dvc` and `python` resolve to the venv's."""
+    proc = subprocess.run(list(cmd), cwd=root, env=pipeline_env(root, ephemeral), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def dvc(root: Path, *args: str, check: bool = True) -> str:
+    proc = run(root, "dvc", *args, check=check)
+    return proc.stdout + proc.stderr
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path):
+    """`prefect server start` on a free local port for the duration; stages find it through
+    PREFECT_API_URL (pipeline_env)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "DO_NOT_TRACK": "true", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("PREFECT_API_URL", None)
+    server = subprocess.Popen([str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+
+    def healthy():
+        assert server.poll() is None, "prefect server start exited"
+        try:
+            return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(healthy, 120, "the shared Prefect server", poll=0.5)
+        SHARED_PREFECT["PREFECT_API_URL"] = url
+        yield url
+    finally:
+        SHARED_PREFECT.clear()
+        os.killpg(server.pid, signal.SIGTERM)  # its own session: the server and its workers
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def git_changes(root: Path) -> list[str]:
+    """`git status --porcelain` lines: committed files changed, deleted or added."""
+    out = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+def runs(root: Path, exclude: set[str] = frozenset()) -> list[tuple[str, str, dict]]:
+    """(name, status, tags) of every MLflow run in root/mlflow.db, oldest first, except the
+    run ids in `exclude` (see run_ids)."""
+    if not (root / "mlflow.db").exists():
+        return []
+    with sqlite3.connect(root / "mlflow.db") as db:
+        rows = db.execute("select run_uuid, name, status from runs order by start_time").fetchall()
+        tags = db.execute("select run_uuid, key, value from tags").fetchall()
+    by_run: dict[str, dict] = {}
+    for run_id, key, value in tags:
+        by_run.setdefault(run_id, {})[key] = value
+    return [(name, status, by_run.get(run_id, {})) for run_id, name, status in rows if run_id not in exclude]
+
+
+def run_ids(root: Path) -> set[str]:
+    if not (root / "mlflow.db").exists():
+        return set()
+    with sqlite3.connect(root / "mlflow.db") as db:
+        return {r for (r,) in db.execute("select run_uuid from runs")}
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def locked_params(root: Path, stage: str) -> dict:
+    return yaml.safe_load((root / "dvc.lock").read_text())["stages"][stage]["params"]["params.yaml"]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -43,4 +43,4 @@ def test_without_a_frozen_single_method_the_confound_is_named():
     claims = {c.number: c for c in build_claims(train, {}, methods, {})}
     assert "confounded" in claims[2].note
     reward = next(p for p in claims[3].parts if "final reward" in p.text)
-    assert reward.text.endswith("above grpo") and reward.status == FAILS
+    assert reward.text.endswith("− grpo") and reward.status == FAILS

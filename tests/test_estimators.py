@@ -26,6 +26,7 @@ from margrpo.rl.estimators import (
     ESTIMATORS,
     chain_policy_terms,
     draw_chains,
+    generator_noise,
     policy_callables,
     posterior_log_weights,
 )
@@ -122,7 +123,7 @@ def test_draw_contracts_first_pass_ratio_one(toy, estimator):
     fn = toy.logp_fn(theta_rows)
     kw = dict(sampler=toy.sampler, logp_fn=fn, chain=chain, logp=logp, mask=mask, num_chains=8,
               sample_fn=toy.sample_fn)
-    d = draw_chains(estimator, generator=torch.Generator().manual_seed(1), **kw)
+    d = draw_chains(estimator, noise=generator_noise(torch.Generator().manual_seed(1)), **kw)
     m, r = d.weights.shape
     assert r == int(mask.sum()) and m == (1 if estimator == "single" else 8)
     assert torch.equal(d.rows, mask.reshape(-1).nonzero().squeeze(-1))
@@ -143,7 +144,7 @@ def test_draw_contracts_first_pass_ratio_one(toy, estimator):
     a_tok = adv.repeat_interleave(4)
     assert torch.allclose(-g, score * a_tok, atol=1e-4)
     # common random numbers: the same generator seed replays the same draws
-    d2 = draw_chains(estimator, generator=torch.Generator().manual_seed(1), **kw)
+    d2 = draw_chains(estimator, noise=generator_noise(torch.Generator().manual_seed(1)), **kw)
     assert torch.equal(d.states, d2.states) and torch.equal(d.weights, d2.weights)
 
 
@@ -151,7 +152,7 @@ def test_posterior_weights_match_manual_computation(toy):
     chain, logp, mask, theta_rows = _setup(toy)
     fn = toy.logp_fn(theta_rows.detach())
     d = draw_chains("posterior", sampler=toy.sampler, logp_fn=fn, chain=chain, logp=logp, mask=mask,
-                    num_chains=5, generator=torch.Generator().manual_seed(2))
+                    num_chains=5, noise=generator_noise(torch.Generator().manual_seed(2)))
     s = d.states.double()
     sp = toy.sampler
     logp_p = torch.distributions.Normal(0.0, 1.0).log_prob(s[0, ..., 0])
@@ -175,7 +176,7 @@ def test_flow_sampler_estimators_run():
 
     for est in ("elbo", "posterior"):
         d = draw_chains(est, sampler=sp, logp_fn=fn, chain=chain, logp=torch.zeros(8, 2, 3),
-                        mask=torch.ones(2, 3, dtype=torch.bool), num_chains=4, generator=g)
+                        mask=torch.ones(2, 3, dtype=torch.bool), num_chains=4, noise=generator_noise(g))
         assert torch.isfinite(d.weights).all() and torch.isfinite(d.logp_old).all()
         assert torch.allclose(d.states[-1, 0], chain[-1].reshape(6, 4))
 
@@ -254,5 +255,5 @@ def test_resample_reuses_given_chains_and_scores_only_the_loss_steps():
                     num_chains=3, states=rec_states, states_logp=rec_lp[:, :2], logp_steps=steps)
     # posterior needs every transition for its weights: logp_steps is ignored there
     dp = draw_chains("posterior", sampler=pol.sampler, logp_fn=logp_fn, chain=chain, logp=logp, mask=mask,
-                     num_chains=3, generator=torch.Generator().manual_seed(0), logp_steps=steps)
+                     num_chains=3, noise=generator_noise(torch.Generator().manual_seed(0)), logp_steps=steps)
     assert dp.logp_steps is None and dp.logp_old.shape[0] == pol.sampler.num_steps

@@ -8,13 +8,13 @@ import torch
 from scipy import ndimage
 
 from margrpo.eval.detections import Detection
-from margrpo.eval.generate import grid_prompt_indices, prompt_grid
 from margrpo.eval.geneval import geneval_correct, geneval_summary, relative_position
 from margrpo.eval.t2i import (complex_score, noun_phrases, numeracy_score, spatial_score,
                               t2i_score, vqa_product)
 from margrpo.rewards.base import build_reward
 from margrpo.world import prompts as P
 from margrpo.world.evaluator import WorldEvaluator
+from margrpo.world.generate import grid_prompt_indices, prompt_grid
 from margrpo.world.grammar import parse_prompt
 from margrpo.world.render import render
 

@@ -6,10 +6,12 @@ import torch
 from safetensors.torch import load_file
 
 from margrpo.models.chains import guided_output, recompute_log_probs
-from margrpo.models.loading import check_checkpoint, load_model, new_model, save_base
+from margrpo.models.loading import load_model, new_model, save_base
 from margrpo.models.mar import TinyMAR, mask_schedule
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.samplers import FlowSDESampler
+from margrpo.models.tokenizer import NULL_ID, PAD_ID, WordTokenizer
+from margrpo.world.grammar import VOCAB
 
 from conftest import randomize_head, tiny_params
 
@@ -24,7 +26,7 @@ def as_policy(model) -> MARPolicy:
 @pytest.mark.parametrize("sampler", ["ddpm", "flow"])
 def test_recompute_equals_rollout(sampler):
     params = tiny_params(**{"model.sampler": sampler})
-    policy = as_policy(randomize_head(new_model(params)))
+    policy = as_policy(randomize_head(new_model(params, VOCAB)))
     ro = policy.rollout(PROMPTS, generator=torch.Generator().manual_seed(3), speculative_steps=[1])
     steps = range(len(ro.steps))  # n_i differs between steps: one step at a time
     with torch.no_grad():
@@ -91,10 +93,18 @@ def test_checkpoint_mismatch_is_named(tmp_path, tiny_model):
     with pytest.raises(ValueError, match="width: params.yaml says 64, checkpoint has 32"):
         load_model(tmp_path / "m", tiny_params(**{"model.width": 64}))
     # the flow shift changes what the head was trained on, so it is checked like the arch
-    with pytest.raises(ValueError, match="flow_shift: params.yaml says 3.0, checkpoint has 1.0"):
-        load_model(tmp_path / "m", tiny_params(**{"model.flow_shift": 3.0}))
-    with pytest.raises(FileNotFoundError, match="config.json missing"):
+    with pytest.raises(ValueError, match="flow_shift: params.yaml says 1.0, checkpoint has 3.0"):
+        load_model(tmp_path / "m", tiny_params(**{"model.flow_shift": 1.0}))
+    with pytest.raises(FileNotFoundError, match="nothing: no such folder"):
         load_model(tmp_path / "nothing", tiny_params())
+
+
+def test_truncated_checkpoint_names_the_file(tmp_path, tiny_model):
+    tiny_model.save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="diffusion_pytorch_model.safetensors: tensors end at byte"):
+        load_model(tmp_path / "m", tiny_params())
 
 
 def test_bad_inputs_are_clear(tiny_model):
@@ -108,6 +118,28 @@ def test_bad_inputs_are_clear(tiny_model):
         tiny_model.rollout(PROMPTS, seeds=torch.tensor([1]))
 
 
+def test_word_tokenizer_over_the_world_vocabulary():
+    tok = WordTokenizer(VOCAB, 16)
+    assert VOCAB[PAD_ID] == "<pad>" and VOCAB[NULL_ID] == "<null>"
+    ids = tok.encode("a red circle left of a square")
+    assert len(ids) == 16 and ids[7:] == [PAD_ID] * 9 and ids[0] == VOCAB.index("a")
+    assert tok.decode(ids) == "a red circle left of a square"
+    assert tok.encode("") == [NULL_ID] + [PAD_ID] * 15
+    assert tok(["a red circle", ""]).shape == (2, 16)
+
+
+def test_word_tokenizer_errors():
+    tok = WordTokenizer(VOCAB, 16)
+    with pytest.raises(ValueError, match="'dog'.*vocabulary"):
+        tok.encode("a dog")
+    with pytest.raises(ValueError, match="'<pad>'"):
+        tok.encode("a <pad> circle")
+    with pytest.raises(ValueError, match="max_len=4"):
+        WordTokenizer(VOCAB, 4).encode("a red circle and a square")
+    with pytest.raises(ValueError, match="pad token, a null token"):
+        WordTokenizer(["<pad>", "<null>"], 4)
+
+
 def test_mask_schedule_is_cosine_and_complete():
     for n, k in [(16, 16), (16, 8), (64, 16), (16, 1)]:
         c = mask_schedule(n, k)
@@ -116,10 +148,10 @@ def test_mask_schedule_is_cosine_and_complete():
 
 
 def test_training_loss_decreases_on_one_batch(tiny_model):
-    from margrpo.models.pretrain import WorldBatches
+    from margrpo.world.data import WorldBatches
 
     gen = torch.Generator().manual_seed(0)
-    images, prompts = WorldBatches(32, gen).sample(8)
+    images, prompts = WorldBatches(32).sample(8, gen)
     ids = tiny_model.tokenize(prompts)
     opt = torch.optim.Adam(tiny_model.parameters(), lr=3e-3)
     losses = []
@@ -133,16 +165,17 @@ def test_training_loss_decreases_on_one_batch(tiny_model):
 
 
 def test_pretrain_lr_is_warmup_stable_decay():
-    from margrpo.models.pretrain import PretrainSettings, lr_at
+    from margrpo.config import PretrainConfig
+    from margrpo.models.pretrain import lr_at
 
-    s = PretrainSettings(steps=1000, lr=1e-3, warmup_steps=100, decay_steps=200)
+    s = PretrainConfig(steps=1000, lr=1e-3, warmup_steps=100, decay_steps=200)
     lrs = [lr_at(i, s) for i in range(s.steps)]
     assert lrs[0] == pytest.approx(1e-5) and lrs[99] == pytest.approx(1e-3)
     assert all(x == pytest.approx(1e-3) for x in lrs[100:800])  # stable part
     assert lrs[899] == pytest.approx(1e-3 * 101 / 200) and 0 < lrs[-1] <= 1e-3 / 200
     assert all(a >= b for a, b in zip(lrs[800:], lrs[801:]))
     # no decay: the stable part never ends, so a stopped run equals a shorter one
-    assert lr_at(999, PretrainSettings(steps=1000, warmup_steps=100)) == 1e-3
+    assert lr_at(999, PretrainConfig(steps=1000, warmup_steps=100, decay_steps=0)) == 1e-3
 
 
 @pytest.mark.parametrize("shift", [1.0, 3.0])

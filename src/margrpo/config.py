@@ -1,9 +1,21 @@
 """params.yaml, parsed once into a typed, frozen, validated config.
 
 params.yaml is the single source of truth. `load_params` validates the whole file before
-any work starts: a wrong type, an out-of-range value or an unknown key raises one
-`ParamsError` that names the key, what was given and what is allowed. Nothing deeper in the
+any work starts: a wrong type, an out-of-range or non-finite value, an unknown key (at any
+depth, reward backends' keys included), an unknown reward, a zero total reward weight or,
+for stages that read it, a missing or truncated model checkpoint raises one `ParamsError`
+that names each offending key with its line in the file and the fix. Nothing deeper in the
 package reads files or environment variables for settings.
+
+One default per field: every default below is the value the study's params.yaml sets
+(tests/test_params_errors.py::test_code_defaults_are_the_study_values fails when they
+drift); `methods` has no default and must be in the file. So a test that builds params
+from a few keys runs the study's configuration for all the others.
+
+Validation imports neither torch nor any backend (the reward table is plain data), so
+`python -m margrpo.config params.yaml` answers in about a second; a DVC guard stage runs
+it before DVC deletes any output. Exit status 2 and the message, no traceback, when the
+file does not validate.
 
 The three ablation knobs of method.md §3 are top-level keys (k, tau, num_trajectories) so
 that `dvc exp run -S k=0.3` works as typed; `MethodConfig.resolved` folds them into the
@@ -11,19 +23,46 @@ MAR-GRPO method.
 """
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from margrpo import paramfile
+from margrpo.checkfiles import CorruptFileError, check_model_dir
+from margrpo.paramfile import ParamsError, parse_overrides
+from margrpo.rewards.table import check_spec
+
+__all__ = ["Params", "ParamsError", "load_params", "parse_params", "parse_overrides"]
+
+# Allowed values of the enumerated keys; modules that branch on them import these.
+SAMPLERS = ("ddpm", "flow")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+ESTIMATORS = ("single", "resample", "elbo", "posterior")
+CONSISTENCY_RULES = ("paper", "code")
+TOKEN_SCOPES = ("committed", "committed+speculative")
+TOPK_POOLS = ("image", "ar_step")
+MTE_SCOPES = ("loss", "committed")
+# params.model keys that must equal a checkpoint's config.json (the rest are paths).
+ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler",
+             "flow_shift", "max_prompt_len")
+CHECKPOINT_FIX = ("set model.checkpoint to a trained model folder (the study's models/base is committed: "
+                  "`git checkout -- models/base` restores it), or train one at {path} with `dvc repro pretrain_base`")
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
-class ParamsError(ValueError):
-    """params.yaml does not validate; the message names every offending key."""
+def _problem(key: str, message: str, fix: str) -> PydanticCustomError:
+    """An error located at `key` (relative to the model that raises it; the formatter gives
+    its line), with the fix to print."""
+    return PydanticCustomError("cross_field", "{message}", {"key": key, "message": message, "fix": fix})
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class WorldConfig(_Strict):
@@ -34,6 +73,10 @@ class WorldConfig(_Strict):
 
 
 class ModelConfig(_Strict):
+    kind: Literal["tiny", "nova", "harmon"] = Field(
+        "tiny", description="tiny: the embedded TinyMAR at model.checkpoint; nova | harmon: the published "
+        "model folder at model.weights (docs/models.md)")
+    weights: str | None = Field(None, description="nova / harmon: local path of the published model folder")
     checkpoint: str = Field("models/base", description="folder with config.json + safetensors")
     patch_size: int = Field(8, ge=1)
     width: int = Field(192, ge=16)
@@ -42,52 +85,107 @@ class ModelConfig(_Strict):
     cond_dim: int = Field(192, ge=8)
     head_width: int = Field(256, ge=16)
     head_depth: int = Field(3, ge=1)
-    sampler: Literal["ddpm", "flow"] = "ddpm"
-    flow_shift: float = Field(1.0, gt=0, description="flow sampler only: sigma shift (>1 spends more "
+    sampler: Literal[SAMPLERS] = "flow"
+    flow_shift: float = Field(3.0, gt=0, description="flow sampler only: sigma shift (>1 spends more "
                               "training and sampling on high noise, where a token's colour and shape are decided)")
     max_prompt_len: int = Field(16, ge=4)
+    # ---- nova / harmon adapters only (docs/models.md)
+    image_size: int | None = Field(None, ge=16, description="harmon: generated image size in pixels (None: the "
+                                   "authors' 512); nova takes it from its transformer config")
+    gradient_checkpointing: bool = Field(False, description="recompute the AR transformer's activations in backward")
+    transformer_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="autocast dtype of the AR transformer; head chains and log-probs stay float32")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank (peft) on the AR transformer's linear layers; 0 = off")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (scale = alpha / rank)")
+    train_text_encoder: bool = Field(False, description="also train the text encoder (frozen by default)")
+
+    @model_validator(mode="after")
+    def _adapter_keys(self) -> "ModelConfig":
+        if self.kind == "tiny":
+            set_keys = [k for k, default in _ADAPTER_DEFAULTS.items() if getattr(self, k) != default]
+            if set_keys:
+                raise _problem(set_keys[0], "applies to model.kind nova or harmon only (model.kind is tiny)",
+                               "remove it or set model.kind")
+        elif not self.weights:
+            raise _problem("weights", f"missing: model.kind={self.kind} needs the published {self.kind} folder",
+                           "set model.weights to its local path (docs/models.md lists the expected files)")
+        if self.kind == "nova" and self.image_size is not None:
+            raise _problem("image_size", "is fixed by NOVA's transformer config", "remove it for model.kind=nova")
+        return self
+
+
+_ADAPTER_DEFAULTS = {"weights": None, "image_size": None, "gradient_checkpointing": False,
+                     "transformer_dtype": "float32", "lora_rank": 0, "train_text_encoder": False}
 
 
 class PretrainConfig(_Strict):
-    steps: int = Field(8000, ge=1)
+    steps: int = Field(3000, ge=1)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(300, ge=1)
-    decay_steps: int = Field(0, ge=0)
+    decay_steps: int = Field(600, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
     weight_decay: float = Field(0.02, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     ema_decay: float = Field(0.999, ge=0, lt=1)
     prompt_dropout: float = Field(0.1, ge=0, lt=1)
-    diffusion_batch_mul: int = Field(4, ge=1)
+    diffusion_batch_mul: int = Field(2, ge=1)
     seed: int = 0
     log_every: int = Field(50, ge=1)
-    compile: bool = False
+    compile: bool = True
 
 
 class SamplingConfig(_Strict):
-    num_ar_steps: int = Field(16, ge=1)
+    num_ar_steps: int = Field(4, ge=1)
     head_steps: int = Field(20, ge=2)
     cfg_scale: float = Field(3.0, ge=0)
     temperature: float = Field(1.0, gt=0)
 
 
 class RewardSpec(BaseModel):
-    # Backend kwargs pass through to the reward factory, which validates them.
-    model_config = ConfigDict(extra="allow", frozen=True)
+    # Backend kwargs pass through to the reward factory; names and keys are checked here
+    # against margrpo.rewards.table (plain data, no backend import).
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     name: str
     weight: float = 1.0
+
+    @model_validator(mode="after")
+    def _known_reward(self) -> "RewardSpec":
+        spec = self.model_dump()
+        for key, value in spec.items():
+            if not _finite(value):
+                raise _problem(key, f"{value!r} is not a finite number", "give it a finite value")
+        problems = check_spec(spec)
+        if problems:
+            key, _, message = problems[0].partition(": ")
+            raise _problem(key, message, "use one of those (docs/backends.md lists each backend's keys)")
+        if self.weight == 0:
+            raise _problem("weight", "weight 0 turns this reward off", "remove the entry, or give it a weight")
+        return self
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(map(_finite, value))
+    if isinstance(value, dict):
+        return all(map(_finite, value.values()))
+    return True
 
 
 class MethodConfig(_Strict):
     """One trained method. Vanilla GRPO and MAR-GRPO differ only here (same code path)."""
 
     freeze_head: bool
-    estimator: Literal["single", "resample", "elbo", "posterior"] = "single"
+    estimator: Literal[ESTIMATORS] = "single"
     topk: bool = Field(False, description="apply the multi-trajectory estimate to the top-k uncertain tokens only")
     consistency: bool = Field(False, description="consistency-aware token selection (tau)")
-    consistency_rule: Literal["paper", "code"] = "paper"
-    token_scope: Literal["committed", "committed+speculative"] = "committed"
-    mte_scope: Literal["loss", "committed"] = Field(
+    consistency_rule: Literal[CONSISTENCY_RULES] = "paper"
+    token_scope: Literal[TOKEN_SCOPES] = "committed"
+    topk_pool: Literal[TOPK_POOLS] = Field(
+        "image", description="rank uncertainty over all of an image's loss tokens (the authors' code: one mask "
+        "per image) or within each AR step")
+    mte_scope: Literal[MTE_SCOPES] = Field(
         "loss", description="tokens that compete in the top-k for the multi-trajectory estimate: every loss "
         "token (speculative ones too) or only the tokens committed at the AR step (the paper's tokens)")
     lr: float | None = Field(None, gt=0, description="this method's learning rate (default: train.lr); "
@@ -96,28 +194,31 @@ class MethodConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    steps: int = Field(60, ge=1)
-    prompts_per_step: int = Field(4, ge=1)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    steps: int = Field(20, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2)
-    lr: float = Field(5e-5, gt=0)
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr: float = Field(2e-4, gt=0)
+    lr_schedule: Literal[LR_SCHEDULES] = "constant"
     warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
     inner_epochs: int = Field(1, ge=1)
     clip_range: float = Field(0.2, gt=0)
     beta_kl: float = Field(0.01, ge=0)
     cfg_consistent: bool = Field(True, description="score with the guided mean; false = authors' code")
-    cfg_null_grad: bool = Field(False, description="with cfg_consistent: also back-propagate through the "
+    cfg_null_grad: bool = Field(True, description="with cfg_consistent: also back-propagate through the "
                                 "null-prompt branch (the exact gradient of the guided mean)")
-    loss_ar_steps: int = Field(4, ge=1, description="random AR steps per rollout in the loss")
-    loss_head_steps: int = Field(6, ge=1, description="random head steps per AR step in the loss")
-    loss_head_window: int = Field(0, ge=0, description="draw the loss head steps from the first N (noisiest) "
+    loss_ar_steps: int = Field(0, ge=0, description="random AR steps per rollout in the loss; 0 = all of them")
+    loss_head_steps: int = Field(8, ge=1, description="random head steps per AR step in the loss")
+    loss_head_window: int = Field(8, ge=0, description="draw the loss head steps from the first N (noisiest) "
                                   "transitions of each chain; 0 = from all of them")
-    checkpoint_every: int = Field(10, ge=1)
-    grad_probe_every: int = Field(0, ge=0, description="0 = off")
+    eval_every: int = Field(10, ge=0, description="held-out evaluation every N training steps (also at step 0 "
+                            "and the last step; the best-scoring weights are kept); 0 = only at 0 and the end")
+    eval_images_per_prompt: int = Field(4, ge=1, description="images per held-out prompt in the in-training evaluation")
+    checkpoint_every: int = Field(5, ge=1)
+    grad_probe_every: int = Field(10, ge=0, description="0 = off")
     max_nonfinite_in_row: int = Field(3, ge=1)
 
     @property
@@ -135,6 +236,15 @@ class EvaluateConfig(_Strict):
     grid_prompts: int = Field(8, ge=1)
 
 
+class RuntimeConfig(_Strict):
+    """Where and how the model computes; applied by margrpo.models.device.place."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when PyTorch sees a GPU, else CPU")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="transformer / head forward passes; log-probs, advantages and losses stay float32")
+    nproc: int = Field(2, ge=1, description="processes (torchrun ranks) that train and evaluate data-parallel; 1 = one process")
+
+
 class Params(_Strict):
     k: float = Field(0.3, ge=0, le=1, description="top uncertain token fraction for MTE")
     tau: float = Field(0.0, ge=-1, le=1, description="consistency threshold (cosine)")
@@ -143,33 +253,44 @@ class Params(_Strict):
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig = PretrainConfig()
     sampling: SamplingConfig = SamplingConfig()
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="world", mode="partial")])
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="world", mode="aligned")],
+                                      min_length=1)
     train: TrainConfig = TrainConfig()
-    methods: dict[str, MethodConfig] = Field(default_factory=dict)
+    methods: dict[str, MethodConfig] = Field(min_length=1, description="the trained methods; no default")
     evaluate: EvaluateConfig = EvaluateConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Params":
-        if self.world.image_size % self.model.patch_size:
-            raise ValueError(
-                f"world.image_size={self.world.image_size} is not divisible by "
-                f"model.patch_size={self.model.patch_size}"
-            )
-        n_tokens = (self.world.image_size // self.model.patch_size) ** 2
-        if self.sampling.num_ar_steps > n_tokens:
-            raise ValueError(f"sampling.num_ar_steps={self.sampling.num_ar_steps} exceeds the {n_tokens} tokens per image")
+        size, patch = self.world.image_size, self.model.patch_size
+        if size % patch:
+            raise _problem("world.image_size", f"{size} is not divisible by model.patch_size={patch}",
+                           "choose a patch size that divides the image size (8 for 32 px)")
+        n_tokens = (size // patch) ** 2
+        s, t = self.sampling, self.train
+        if self.model.kind == "tiny" and s.num_ar_steps > n_tokens:
+            raise _problem("sampling.num_ar_steps", f"{s.num_ar_steps} exceeds the {n_tokens} tokens per image",
+                           f"use at most {n_tokens} AR steps (one token per step at least)")
         if self.pretrain.decay_steps > self.pretrain.steps:
-            raise ValueError(f"pretrain.decay_steps={self.pretrain.decay_steps} exceeds pretrain.steps={self.pretrain.steps}")
-        if self.train.loss_ar_steps > self.sampling.num_ar_steps:
-            raise ValueError("train.loss_ar_steps exceeds sampling.num_ar_steps")
-        if self.train.loss_head_steps > self.sampling.head_steps:
-            raise ValueError("train.loss_head_steps exceeds sampling.head_steps")
-        window = self.train.loss_head_window
-        if window and not self.train.loss_head_steps <= window <= self.sampling.head_steps:
-            raise ValueError(
-                f"train.loss_head_window={window} must lie between train.loss_head_steps="
-                f"{self.train.loss_head_steps} and sampling.head_steps={self.sampling.head_steps} (0 = all steps)"
-            )
+            raise _problem("pretrain.decay_steps", f"{self.pretrain.decay_steps} exceeds pretrain.steps="
+                           f"{self.pretrain.steps}", "decay over at most pretrain.steps steps (0 = no decay)")
+        if t.loss_ar_steps > s.num_ar_steps:
+            raise _problem("train.loss_ar_steps", f"{t.loss_ar_steps} exceeds sampling.num_ar_steps={s.num_ar_steps}",
+                           "use at most sampling.num_ar_steps (0 = all of them)")
+        if t.loss_head_steps > s.head_steps:
+            raise _problem("train.loss_head_steps", f"{t.loss_head_steps} exceeds sampling.head_steps={s.head_steps}",
+                           "use at most sampling.head_steps")
+        window = t.loss_head_window
+        if window and not t.loss_head_steps <= window <= s.head_steps:
+            raise _problem("train.loss_head_window", f"{window} is outside [train.loss_head_steps="
+                           f"{t.loss_head_steps}, sampling.head_steps={s.head_steps}]",
+                           "choose a window in that range, or 0 for all steps")
+        if len(set(t.seeds)) != len(t.seeds):
+            raise _problem("train.seeds", f"{t.seeds} repeats a seed", "list each seed once (one trained model each)")
+        total = sum(r.weight for r in self.rewards)
+        if total <= 0:
+            raise _problem("rewards", f"the reward weights sum to {total:g}",
+                           "make the total weight positive (a higher reward must mean a better image)")
         return self
 
     def reward_specs(self) -> list[dict[str, Any]]:
@@ -201,6 +322,7 @@ class ResolvedMethod(_Strict):
     consistency: bool
     consistency_rule: str
     token_scope: str
+    topk_pool: str
     mte_scope: str
     lr: float | None
     k: float
@@ -208,37 +330,69 @@ class ResolvedMethod(_Strict):
     num_trajectories: int
 
 
-def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        given = e.get("input")
-        if not e["loc"]:  # a cross-field check: its message names the keys
-            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
-        elif e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key (remove it or check its spelling)")
-        else:
-            lines.append(f"  {key}: {e['msg']} (given: {given!r})")
-    return "\n".join(lines)
-
-
-def parse_params(raw: dict[str, Any], source: str = "params.yaml") -> Params:
+def parse_params(raw: Mapping[str, Any] | None, source: str = "params.yaml",
+                 overrides: Mapping[str, Any] | None = None, *, require_checkpoint: bool = False,
+                 lines: Mapping[tuple, int] | None = None) -> Params:
+    """Validate a params tree (e.g. yaml.safe_load of params.yaml). overrides: dotted keys
+    -> values, list indices included (`rewards.0.mode`), applied first. require_checkpoint:
+    model.checkpoint must be a complete saved model (every stage but pretrain_base, which
+    writes it). lines: (key path) -> line in `source`, for the messages."""
+    if raw is None:
+        raise ParamsError(f"{source} is empty. Restore it with `git checkout -- {source}`.")
+    if not isinstance(raw, Mapping):
+        raise ParamsError(f"{source}: the top level is a {type(raw).__name__}; expected `key: value` lines. "
+                          f"Restore it with `git checkout -- {source}`.")
+    raw = paramfile.apply_overrides(raw, overrides or {}, source)
     try:
-        return Params.model_validate(raw or {})
+        params = Params.model_validate(raw)
     except ValidationError as err:
-        raise ParamsError(f"{source} does not validate:\n{_format_errors(err)}") from None
+        raise ParamsError(paramfile.format_errors(err, source, lines or {}, overrides or {}, Params)) from None
+    if require_checkpoint:
+        _check_model_files(params.model, source, lines or {}, overrides or {})
+    return params
 
 
-def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
-    """Read and validate params.yaml. overrides: dotted keys -> values (tests, smoke runs)."""
-    path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path} not found; run from the repository root or pass --params")
-    raw = yaml.safe_load(path.read_text()) or {}
-    for dotted, value in (overrides or {}).items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return parse_params(raw, str(path))
+def _check_model_files(m: ModelConfig, source: str, lines: Mapping[tuple, int], overrides: Mapping[str, Any]) -> None:
+    """The TinyMAR folder at model.checkpoint is complete; an adapter's model.weights is a
+    folder (its layout is checked by margrpo.models.published when it is loaded)."""
+    key = "checkpoint" if m.kind == "tiny" else "weights"
+    path = Path(getattr(m, key))
+    try:
+        if m.kind == "tiny":
+            check_model_dir(path, CHECKPOINT_FIX.format(path=path))
+        elif not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such folder\n    fix: set model.weights to the published "
+                                    f"{m.kind} folder (docs/models.md lists the expected files)")
+    except (FileNotFoundError, CorruptFileError) as exc:
+        where = paramfile.where(source, lines, ("model", key), overrides)
+        raise ParamsError(f"{source} does not validate (1 problem):\n  {where}model.{key}: {exc}") from None
+
+
+def load_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None, *,
+                require_checkpoint: bool = False) -> Params:
+    """Read and validate params.yaml (see parse_params). Every problem raises ParamsError."""
+    raw, lines = paramfile.read_yaml(path)
+    return parse_params(raw, str(path), overrides, require_checkpoint=require_checkpoint, lines=lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m margrpo.config",
+                                 description="Validate params.yaml before any stage runs (exit 2 if invalid).")
+    ap.add_argument("params", nargs="?", default="params.yaml")
+    ap.add_argument("--no-checkpoint", action="store_true",
+                    help="do not require model.checkpoint to exist (a run that pretrains it)")
+    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value, as dvc exp run -S")
+    a = ap.parse_args(argv)
+    try:
+        params = load_params(a.params, parse_overrides(a.overrides), require_checkpoint=not a.no_checkpoint)
+    except ParamsError as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(f"{a.params}: valid ({len(params.methods)} methods: {', '.join(params.methods)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

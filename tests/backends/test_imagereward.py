@@ -38,11 +38,3 @@ def test_imagereward_through_legacy_env_server(tmp_path):
         assert s.shape == (3,) and torch.isfinite(s).all() and s.std() > 1e-4
     finally:
         reward.close()
-
-
-def test_imagereward_missing_files_message(tmp_path):
-    with pytest.raises(FileNotFoundError) as e:
-        build_reward("imagereward", checkpoint=str(tmp_path / "ImageReward.pt"),
-                     med_config=str(tmp_path), bert_tokenizer=str(tmp_path))
-    assert "ImageReward.pt" in str(e.value) and "rewards[].checkpoint" in str(e.value)
-    assert "setup_backend_env.sh legacy" in str(e.value)

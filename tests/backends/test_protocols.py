@@ -131,6 +131,16 @@ def test_t2i_spatial_numeracy_complex_rules(tmp_path):
 
 
 def test_shipped_prompt_sets():
-    lines = (gp.DATA / "evaluation_metadata.jsonl").read_text().splitlines()
+    data = gp.data_dir("geneval")
+    lines = (data / "evaluation_metadata.jsonl").read_text().splitlines()
     assert len(lines) == 553 and len(gp.load_class_names()) == 80
-    assert (gp.DATA / "LICENSE").exists() and (gp.DATA.parent / "t2i_compbench" / "LICENSE").exists()
+    assert (data / "LICENSE").exists() and (gp.data_dir("t2i_compbench") / "LICENSE").exists()
+
+
+def test_data_found_outside_the_checkout_dir_or_named_when_missing(tmp_path, monkeypatch):
+    """From another working directory the checkout's data/ is still found; with a class-name
+    file that does not exist the error names it."""
+    monkeypatch.chdir(tmp_path)
+    assert len(gp.load_class_names()) == 80
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        gp.load_class_names(tmp_path / "nope.txt")

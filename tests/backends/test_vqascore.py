@@ -101,14 +101,6 @@ def test_vqascore_through_legacy_env_server(tmp_path):
     torch.testing.assert_close(s, torch.tensor(cli, dtype=torch.float32), rtol=1e-2, atol=0)
 
 
-def test_missing_paths_name_param_and_env(tmp_path):
-    with pytest.raises(FileNotFoundError) as e:
-        build_reward("vqascore", model_path=str(tmp_path / "clip-flant5-xl"),
-                     tokenizer_path=str(tmp_path), vision_tower_path=str(tmp_path))
-    assert "clip-flant5-xl" in str(e.value) and "rewards[].model_path" in str(e.value)
-    assert "setup_backend_env.sh legacy" in str(e.value)
-
-
 def test_vision_tower_must_be_local(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -33,18 +33,19 @@ from margrpo.eval.detections import Detection
 SPATIAL_IOU_THRESHOLD = 0.1
 SPATIAL_3D_IOU_THRESHOLD = 0.5
 RELATIONS_3D = ("in front of", "behind", "hidden")
+# Count words of T2I-CompBench's numeracy prompts ("two apples", "ten birds").
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight",
+                9: "nine", 10: "ten"}
 
 
 def noun_phrases(meta: dict) -> list[str]:
     """One text phrase per include clause, e.g. "a red circle", "two squares"; what a
-    VQA backend asks about ("a red circle?")."""
-    from margrpo.world.grammar import NUMBER_WORDS, PLURALS
-
+    VQA backend asks about ("a red circle?"); plurals add an "s"."""
     out = []
     for req in meta["include"]:
         cls, n = req["class"], req["count"]
         if n > 1:
-            out.append(f"{NUMBER_WORDS.get(n, str(n))} {PLURALS.get(cls, cls + 's')}")
+            out.append(f"{NUMBER_WORDS.get(n, str(n))} {cls}s")
         else:
             adjectives = [req[k] for k in ("size", "texture", "color") if k in req]
             article = "an" if (adjectives or [cls])[0][0] in "aeiou" else "a"

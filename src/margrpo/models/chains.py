@@ -1,4 +1,5 @@
-"""Head chains over any `MARPolicy`: guided outputs, sampling and log-prob evaluation.
+"""Head chains over any `MARPolicy`: guided outputs, sampling and log-prob evaluation, and
+the rollout itself (`RolloutMixin`, shared by TinyMAR and the adapters).
 
 One code path serves the rollout, the recomputation in the loss, the uncertainty map and
 the multi-trajectory estimators, so that "recompute == rollout" holds by construction:
@@ -13,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-from margrpo.models.protocol import MARPolicy, Rollout
+from margrpo.models.noise import resolve_seeds
+from margrpo.models.protocol import ARStep, MARPolicy, Rollout
 from margrpo.models.samplers import gaussian_log_prob
 
 CFG_MODES = ("guided", "guided_full", "cond")
@@ -35,11 +37,12 @@ def guided_output(
       only the prompted branch, and a prompt-independent change counts w times).
     guided_full: the same mean with the exact gradient w dc + (1 - w) du (train.cfg_null_grad).
     cond: c alone, what the authors' training code scores (kept for comparison).
-    """
+    A policy whose head output has channels that are not guided (Harmon's learned
+    variance) defines `guide(c, u, w)`; the output may be wider than D ([*rows, D'])."""
     rows = x.shape[:-1]
     xf, zc, zu = x.reshape(-1, x.shape[-1]), z_c.reshape(-1, z_c.shape[-1]), z_u.reshape(-1, z_u.shape[-1])
     r = xf.shape[0]
-    t = torch.full((2 * r,), policy.sampler.time_input(j))
+    t = torch.full((2 * r,), policy.sampler.time_input(j), device=x.device)
     out = policy.head_output(torch.cat([xf, xf]), t, torch.cat([zc, zu]))
     c, u = out[:r], out[r:]
     if cfg_mode == "cond":
@@ -47,10 +50,11 @@ def guided_output(
     elif cfg_mode in ("guided", "guided_full"):
         if cfg_mode == "guided":
             u = u.detach()
-        g = u + cfg_scale * (c - u)
+        guide = getattr(policy, "guide", None)
+        g = guide(c, u, cfg_scale) if guide is not None else u + cfg_scale * (c - u)
     else:
         raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
-    return g.reshape(*rows, x.shape[-1])
+    return g.reshape(*rows, g.shape[-1])
 
 
 def sample_chain(
@@ -103,6 +107,81 @@ def chain_log_probs(
 def gather_rows(z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """z: [B, N, C], idx: [B, n] -> [B, n, C]."""
     return torch.gather(z, 1, idx.unsqueeze(-1).expand(-1, -1, z.shape[-1]))
+
+
+def scatter_tokens(canvas: torch.Tensor, idx: torch.Tensor, tokens: torch.Tensor) -> None:
+    """canvas [B, N, D] <- tokens [B, n, D] at positions idx [B, n], in place."""
+    canvas.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, canvas.shape[-1]), tokens)
+
+
+class RolloutMixin:
+    """`rollout` and `encode` of a MARPolicy (TinyMAR and the NOVA / Harmon adapters) from
+    its model-specific pieces:
+      prepare_cond(prompts) -> cond              conditioning, kept on the Rollout for `encode`
+      encode_pair(cond, canvas, known) -> (z_cond, z_null), each [B, N, C]
+      token_order(seeds [B]) -> [B, N]           each image's commit order (its device is the
+                                                 canvas's)
+      step_noise(seeds, i, idx, rest) -> (committed [T+1, B, n, D], speculative
+                                          [T+1, B, m, D] or None); seeds on the canvas's
+                                          device; rest is None unless step i records
+                                          speculative tokens
+      decode_tokens(tokens [B, N, D]) -> images [B, 3, H, W] in [0, 1]
+    and schedule, num_tokens, token_dim, sampler, cfg_scale, temperature."""
+
+    def encode(self, rollout: Rollout, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = rollout.steps[step]
+        return self.encode_pair(rollout.cond, s.canvas, s.known)
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        prompts: Sequence[str],
+        *,
+        seeds: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        speculative_steps: Sequence[int] = (),
+    ) -> Rollout:
+        """One image per prompt (repeat a prompt G times for a group). seeds: [B] int64, one
+        per image, from which all its randomness derives (drawn from `generator` when None),
+        recorded on the Rollout so that the image can be replayed.
+
+        AR step i commits the next schedule[i] tokens of each image's order, drawn by the
+        guided head chain from the transformer's output on the current canvas. At the steps
+        in `speculative_steps` the still-masked tokens are also drawn, from their own noise
+        (so recording them never changes the image), and kept on the step's record, as the
+        authors' loss reads them."""
+        b = len(prompts)
+        seeds = resolve_seeds(seeds, b, generator)
+        cond = self.prepare_cond(prompts)
+        order = self.token_order(seeds)  # [B, N]
+        dev_seeds = seeds.to(order.device)
+        canvas = torch.zeros(b, self.num_tokens, self.token_dim, device=order.device)
+        known = torch.zeros(b, self.num_tokens, dtype=torch.bool, device=order.device)
+        steps, start, spec_set = [], 0, set(speculative_steps)
+        for i, n in enumerate(self.schedule):
+            z_c, z_u = self.encode_pair(cond, canvas, known)
+            idx, rest = order[:, start : start + n], order[:, start + n :]
+            spec = i in spec_set
+            eps, spec_eps = self.step_noise(dev_seeds, i, idx, rest if spec else None)
+            chain, mean, std, logp = sample_chain(self, gather_rows(z_c, idx), gather_rows(z_u, idx), eps,
+                                                  self.cfg_scale)
+            rec = ARStep(i, canvas.clone(), known.clone(), idx, chain, mean, std, logp)
+            if spec:
+                rec.speculative = canvas.clone()
+                scatter_tokens(rec.speculative, idx, chain[-1])
+                rec.spec_idx = rest
+                if rest.shape[1]:
+                    sc, _, _, sl = sample_chain(self, gather_rows(z_c, rest), gather_rows(z_u, rest), spec_eps,
+                                                self.cfg_scale)
+                    scatter_tokens(rec.speculative, rest, sc[-1])
+                    rec.spec_chain, rec.spec_logp = sc, sl
+            steps.append(rec)
+            scatter_tokens(canvas, idx, chain[-1])
+            known.scatter_(1, idx, True)
+            start += n
+        return Rollout(prompts=list(prompts), images=self.decode_tokens(canvas), tokens=canvas, steps=steps,
+                       seeds=seeds, cfg_scale=self.cfg_scale, temperature=self.temperature, cond=cond,
+                       extras={"order": order})
 
 
 def recompute_log_probs(

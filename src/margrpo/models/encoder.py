@@ -30,7 +30,15 @@ class Block(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         b, s, w = h.shape
-        q, k, v = self.qkv(self.norm1(h)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        # The key bias adds q . b_k to every logit of a query, which softmax ignores: its
+        # gradient is 0 in exact arithmetic and rounding noise in float, which AdamW (dividing
+        # by the gradient's own scale) would turn into steps of up to lr that differ with the
+        # batch split, the device or the number of processes (tests/test_distributed.py).
+        # Detached, its gradient is the exact 0; the values, hence the output, are unchanged.
+        bias = self.qkv.bias
+        bias = torch.cat([bias[:w], bias[w : 2 * w].detach(), bias[2 * w :]])
+        qkv = F.linear(self.norm1(h), self.qkv.weight, bias)
+        q, k, v = qkv.view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v)  # [B, heads, S, w/heads], bidirectional
         h = h + self.proj(a.transpose(1, 2).reshape(b, s, w))
         return h + self.mlp(self.norm2(h))

@@ -3,22 +3,22 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Sequence
 
-from margrpo.config import ModelConfig, Params, SamplingConfig
+from margrpo.checkfiles import check_model_dir
+from margrpo.config import ARCH_KEYS, CHECKPOINT_FIX, ModelConfig, Params, SamplingConfig
+from margrpo.models.device import place
 from margrpo.models.mar import TinyMAR
 
-# params.model keys that must equal the checkpoint's config (the rest are paths).
-_ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler", "flow_shift", "max_prompt_len")
 
-
-def new_model(params: Params) -> TinyMAR:
-    from margrpo.world.grammar import VOCAB
-
+def new_model(params: Params, vocab: Sequence[str]) -> TinyMAR:
+    """An untrained TinyMAR of params' architecture; vocab: [pad, null, word, ...], the prompt
+    words it will be trained on (the embedded study: margrpo.world.grammar.VOCAB)."""
     m, s = params.model, params.sampling
     return TinyMAR(
-        vocab=list(VOCAB),
+        vocab=list(vocab),
         image_size=params.world.image_size,
-        **{k: getattr(m, k) for k in _ARCH_KEYS},
+        **{k: getattr(m, k) for k in ARCH_KEYS},
         num_ar_steps=s.num_ar_steps,
         head_steps=s.head_steps,
         cfg_scale=s.cfg_scale,
@@ -28,7 +28,7 @@ def new_model(params: Params) -> TinyMAR:
 
 def check_checkpoint(model: TinyMAR, mcfg: ModelConfig, image_size: int, path: Path) -> None:
     c = model.config
-    wrong = [(k, getattr(mcfg, k), c[k]) for k in _ARCH_KEYS if getattr(mcfg, k) != c[k]]
+    wrong = [(k, getattr(mcfg, k), c[k]) for k in ARCH_KEYS if getattr(mcfg, k) != c[k]]
     if c["image_size"] != image_size:
         wrong.append(("world.image_size", image_size, c["image_size"]))
     if wrong:
@@ -45,21 +45,54 @@ def save_base(model: TinyMAR, path: str | Path) -> None:
     (noise tables are rebuilt from the config), and from_pretrained casts them back into the
     float32 model, so training and sampling stay float32; rounding moves a weight by at most
     2**-11 of its magnitude."""
-    copy.deepcopy(model).half().save_pretrained(Path(path))
+    copy.deepcopy(model).cpu().half().save_pretrained(Path(path))
 
 
 def load_model(path: str | Path, params: Params) -> TinyMAR:
-    """Load a TinyMAR folder (save_pretrained) and apply params.sampling."""
+    """Load the policy params.model describes, with params.sampling applied; the TinyMAR
+    is also placed on params.runtime's device and precision (the NOVA / Harmon adapters
+    are not placed yet: they run where they are built).
+
+    kind tiny: the TinyMAR folder at `path` (save_pretrained). kind nova / harmon: the
+    published folder at model.weights, plus the fine-tuned state saved in `path` when it
+    holds one (adapter_state.safetensors, written by the adapter's save_pretrained)."""
+    if params.model.kind != "tiny":
+        return load_adapter(params, path)
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(
-            f"no model at {path} (config.json missing); run `dvc repro pretrain_base` or set model.checkpoint"
-        )
+    check_model_dir(path, CHECKPOINT_FIX.format(path=path))  # names a missing or truncated file
     model = TinyMAR.from_pretrained(path)
     check_checkpoint(model, params.model, params.world.image_size, path)
     configure(model, params.sampling)
-    return model.eval()
+    return place(model, params.runtime.device, params.runtime.dtype).eval()
 
 
 def configure(model: TinyMAR, s: SamplingConfig) -> None:
     model.configure_sampling(s.num_ar_steps, s.head_steps, s.cfg_scale, s.temperature)
+
+
+def load_adapter(params: Params, state_dir: str | Path | None = None):
+    """NOVA / Harmon from model.weights (missing or mismatched files raise WeightsError,
+    naming the file and the expected layout, before any weight is read)."""
+    m, s = params.model, params.sampling
+    sampling = dict(num_ar_steps=s.num_ar_steps, head_steps=s.head_steps, cfg_scale=s.cfg_scale, temperature=s.temperature)
+    if m.kind == "nova":
+        from margrpo.models.nova import load_nova
+
+        policy = load_nova(m.weights, **sampling)
+    elif m.kind == "harmon":
+        from margrpo.models.harmon import load_harmon
+
+        policy = load_harmon(m.weights, image_size=m.image_size or 512, **sampling)
+    else:
+        raise ValueError(f"model.kind={m.kind!r} is not an adapter (nova | harmon)")
+    policy.apply_options(gradient_checkpointing=m.gradient_checkpointing, transformer_dtype=m.transformer_dtype,
+                         lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, train_text_encoder=m.train_text_encoder)
+    state = Path(state_dir) / "adapter_state.safetensors" if state_dir is not None else None
+    if state is not None and state.exists():
+        from safetensors.torch import load_file
+
+        _, unexpected = policy.load_state_dict(load_file(str(state)), strict=False)
+        if unexpected:
+            raise ValueError(f"{state} holds tensors this {m.kind} policy does not have, e.g. {unexpected[:3]}; "
+                             "was it saved with other model.lora_rank / model.weights?")
+    return policy.eval()

@@ -5,10 +5,16 @@ so one object of the world spans one to four tokens. Generation runs K AR steps 
 random per-image order with MAR's cosine schedule; each committed token is drawn by the
 diffusion head with classifier-free guidance. Implements `MARPolicy`.
 
+Randomness is counter-based (models/noise.py): the token order and every head-chain draw
+of an image are pure functions of its seed and coordinates, drawn for the whole batch in
+one call per AR step on the model's device, so an image replays from its seed in any
+batch and on either device.
+
 Saved and loaded with diffusers' ModelMixin/ConfigMixin (config.json + safetensors).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Iterator, Sequence
 
@@ -16,20 +22,12 @@ import torch
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
-from margrpo.models.chains import gather_rows, sample_chain
+from margrpo.models import noise
+from margrpo.models.chains import RolloutMixin
 from margrpo.models.encoder import MAREncoder
 from margrpo.models.head import DiffusionHead
-from margrpo.models.protocol import ARStep, Rollout
 from margrpo.models.samplers import GaussianSampler, build_sampler
-
-_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, step) pairs apart
-_SEED_MOD = 2**63 - 1
-
-
-def step_seed(seed: int, step: int) -> int:
-    """Seed of the generator for AR step `step` of an image with seed `seed`."""
-    return (int(seed) + (step + 1) * _SEED_MIX) % _SEED_MOD
-
+from margrpo.models.tokenizer import WordTokenizer
 
 def mask_schedule(num_tokens: int, num_steps: int) -> list[int]:
     """Tokens committed at each AR step (MAR's cosine schedule, method.md §1).
@@ -51,7 +49,7 @@ def mask_schedule(num_tokens: int, num_steps: int) -> list[int]:
     return counts
 
 
-class TinyMAR(ModelMixin, ConfigMixin):
+class TinyMAR(RolloutMixin, ModelMixin, ConfigMixin):
     config_name = "config.json"
 
     @register_to_config
@@ -85,16 +83,33 @@ class TinyMAR(ModelMixin, ConfigMixin):
                 "choose a patch size that divides the image size (e.g. 8 for 32x32)"
             )
         if not vocab:
-            raise ValueError("TinyMAR needs the prompt vocabulary (margrpo.world.grammar.VOCAB)")
+            raise ValueError("TinyMAR needs a prompt vocabulary: [pad, null, word, ...] "
+                             "(the embedded study passes margrpo.world.grammar.VOCAB)")
         self.grid = image_size // patch_size
         self.num_tokens = self.grid * self.grid
         self.token_dim = patch_size * patch_size * channels
-        self.word_to_id = {w: i for i, w in enumerate(vocab)}
+        self.tokenizer = WordTokenizer(vocab, max_prompt_len)
         self.encoder = MAREncoder(
             len(vocab), max_prompt_len, self.num_tokens, self.token_dim, width, depth, heads, cond_dim
         )
         self.head = DiffusionHead(self.token_dim, cond_dim, head_width, head_depth)
+        self.compute_dtype = torch.float32
         self.configure_sampling()
+
+    def set_precision(self, dtype: torch.dtype) -> None:
+        """Precision of the transformer and head forward passes (runtime.dtype): float32, or
+        bfloat16 under autocast. Their outputs are cast back to float32, so head chains,
+        Gaussian means, log-probs, advantages and losses stay float32: a log-prob sums D = 192
+        squared residuals to values of order 100, where bfloat16's 8-bit mantissa would leave
+        an error of order 1 in the PPO ratio's exponent."""
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"compute dtype must be float32 or bfloat16, got {dtype}")
+        self.compute_dtype = dtype
+
+    def _forward_precision(self):
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()  # no autocast at all: float32 numbers stay bitwise as before
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     # ---- sampling settings (not weights: change freely after loading) ---------------
     def configure_sampling(
@@ -126,23 +141,15 @@ class TinyMAR(ModelMixin, ConfigMixin):
         x = images.reshape(b, ch, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, ch * p * p)
         return x * 2.0 - 1.0
 
-    def unpatchify(self, tokens: torch.Tensor) -> torch.Tensor:
+    def decode_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         b = tokens.shape[0]
         p, g, ch = self.config.patch_size, self.grid, self.config.channels
         x = tokens.reshape(b, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, g * p, g * p)
         return ((x + 1.0) / 2.0).clamp(0.0, 1.0)
 
     def tokenize(self, prompts: Sequence[str]) -> torch.Tensor:
-        """Prompt word ids [B, L]; the world grammar's tokenizer (clear error on unknown words)."""
-        from margrpo.world.grammar import VOCAB, tokenize
-
-        if list(self.config.vocab) != list(VOCAB):
-            raise ValueError(
-                "this checkpoint's prompt vocabulary differs from margrpo.world.grammar.VOCAB "
-                f"({len(self.config.vocab)} vs {len(VOCAB)} words); retrain the base model "
-                "(dvc repro pretrain_base) or use the grammar it was trained with"
-            )
-        return torch.tensor([tokenize(p, max_len=self.config.max_prompt_len) for p in prompts], dtype=torch.long)
+        """Prompt word ids [B, L] over the model's own vocabulary (clear error on unknown words)."""
+        return self.tokenizer(prompts)
 
     # ---- MARPolicy ------------------------------------------------------------------
     def ar_parameters(self) -> Iterator[torch.nn.Parameter]:
@@ -152,74 +159,29 @@ class TinyMAR(ModelMixin, ConfigMixin):
         return self.head.parameters()
 
     def head_output(self, x: torch.Tensor, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return self.head(x, t, z)
+        with self._forward_precision():
+            return self.head(x, t, z).float()
 
-    def _encode_pair(self, ids: torch.Tensor, canvas: torch.Tensor, known: torch.Tensor):
-        """(z_cond, z_null), each [B, N, C], from one encoder call on [2B] sequences."""
+    def prepare_cond(self, prompts: Sequence[str]) -> torch.Tensor:
+        return self.tokenize(prompts).to(self.device)
+
+    def encode_pair(self, ids: torch.Tensor, canvas: torch.Tensor, known: torch.Tensor):
+        """(z_cond, z_null), each [B, N, C] float32, from one encoder call on [2B] sequences."""
         b = ids.shape[0]
-        null = torch.cat([torch.zeros(b, dtype=torch.bool), torch.ones(b, dtype=torch.bool)])
-        z = self.encoder(torch.cat([ids, ids]), torch.cat([canvas, canvas]), torch.cat([known, known]), null)
+        null = torch.arange(2 * b, device=ids.device) >= b
+        with self._forward_precision():
+            z = self.encoder(torch.cat([ids, ids]), torch.cat([canvas, canvas]), torch.cat([known, known]), null).float()
         return z[:b], z[b:]
 
-    def encode(self, rollout: Rollout, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        s = rollout.steps[step]
-        return self._encode_pair(rollout.cond, s.canvas, s.known)
+    def token_order(self, seeds: torch.Tensor) -> torch.Tensor:
+        return noise.token_order(seeds.to(self.device), self.num_tokens)
 
-    @torch.no_grad()
-    def rollout(
-        self,
-        prompts: Sequence[str],
-        *,
-        seeds: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        speculative_steps: Sequence[int] = (),
-    ) -> Rollout:
-        b, n_tok, d, t_steps = len(prompts), self.num_tokens, self.token_dim, self.sampler.num_steps
-        ids = self.tokenize(prompts)
-        if seeds is None:
-            seeds = torch.randint(0, _SEED_MOD, (b,), generator=generator, dtype=torch.long)
-        seeds = torch.as_tensor(seeds, dtype=torch.long)
-        if seeds.shape != (b,):
-            raise ValueError(f"seeds must have shape ({b},), got {tuple(seeds.shape)}")
-        order = torch.stack([torch.randperm(n_tok, generator=torch.Generator().manual_seed(int(s))) for s in seeds])
-        canvas = torch.zeros(b, n_tok, d)
-        known = torch.zeros(b, n_tok, dtype=torch.bool)
-        steps, start, spec_set = [], 0, set(speculative_steps)
-        for i, n in enumerate(self.schedule):
-            z_c, z_u = self._encode_pair(ids, canvas, known)
-            idx = order[:, start : start + n]
-            rest = order[:, start + n :]
-            gens = [torch.Generator().manual_seed(step_seed(s, i)) for s in seeds]
-            # Committed-token noise first, so the speculative draws never change the images.
-            noise = torch.stack([torch.randn(t_steps + 1, n, d, generator=g) for g in gens], dim=1)
-            chain, mean, std, logp = sample_chain(
-                self, gather_rows(z_c, idx), gather_rows(z_u, idx), noise, self.cfg_scale
-            )
-            rec = ARStep(i, canvas.clone(), known.clone(), idx, chain, mean, std, logp)
-            if i in spec_set:
-                rec.speculative = canvas.clone()
-                rec.speculative.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, d), chain[-1])
-                rec.spec_idx = rest
-                if rest.shape[1]:
-                    sn = torch.stack([torch.randn(t_steps + 1, rest.shape[1], d, generator=g) for g in gens], dim=1)
-                    sc, _, _, sl = sample_chain(self, gather_rows(z_c, rest), gather_rows(z_u, rest), sn, self.cfg_scale)
-                    rec.speculative.scatter_(1, rest.unsqueeze(-1).expand(-1, -1, d), sc[-1])
-                    rec.spec_chain, rec.spec_logp = sc, sl
-            steps.append(rec)
-            canvas.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, d), chain[-1])
-            known.scatter_(1, idx, True)
-            start += n
-        return Rollout(
-            prompts=list(prompts),
-            images=self.unpatchify(canvas),
-            tokens=canvas,
-            steps=steps,
-            seeds=seeds,
-            cfg_scale=self.cfg_scale,
-            temperature=self.temperature,
-            cond=ids,
-            extras={"order": order},
-        )
+    def step_noise(self, seeds: torch.Tensor, i: int, idx: torch.Tensor, rest: torch.Tensor | None):
+        """Chain noise [T+1, B, n, D] of the whole batch in one call, addressed by token
+        position; the speculative tokens draw from their own stream."""
+        t1, d = self.sampler.num_steps + 1, self.token_dim
+        spec = noise.chain_noise(seeds, i, rest, t1, d, noise.SPECULATIVE) if rest is not None and rest.shape[1] else None
+        return noise.chain_noise(seeds, i, idx, t1, d, noise.COMMITTED), spec
 
     # ---- pretraining ----------------------------------------------------------------
     def training_loss(
@@ -233,16 +195,23 @@ class TinyMAR(ModelMixin, ConfigMixin):
         """MAR loss: mask a random fraction of tokens (ratio cos(pi/2 u), u ~ U(0,1), at
         least one), predict z for all, and train the head on the masked tokens with
         `diffusion_batch_mul` noise draws each. Prompts dropped to the null prompt with
-        probability `prompt_dropout` (that branch is CFG's unconditional model)."""
+        probability `prompt_dropout` (that branch is CFG's unconditional model).
+
+        `generator` is a CPU generator: its draws are made on the CPU and moved to the
+        images' device, so a run draws the same masks and noise on every device."""
         x = self.patchify(images)
         b, n_tok, _ = x.shape
+        dev = x.device
         ratio = torch.cos(math.pi / 2 * torch.rand(b, generator=generator))
         n_mask = (ratio * n_tok).ceil().clamp(1, n_tok).long()
         ranks = torch.rand(b, n_tok, generator=generator).argsort(1).argsort(1)
-        masked = ranks < n_mask[:, None]
-        null = torch.rand(b, generator=generator) < prompt_dropout
-        z = self.encoder(prompt_ids, x * (~masked)[..., None], ~masked, null)
+        masked = (ranks < n_mask[:, None]).to(dev)
+        null = (torch.rand(b, generator=generator) < prompt_dropout).to(dev)
+        with self._forward_precision():
+            z = self.encoder(prompt_ids, x * (~masked)[..., None], ~masked, null).float()
         zm, xm = z[masked], x[masked]
         zm, xm = zm.repeat(diffusion_batch_mul, 1), xm.repeat(diffusion_batch_mul, 1)
         xt, t, target = self.sampler.training_pair(xm, generator)
-        return (self.head(xt, t, zm) - target).pow(2).mean()
+        with self._forward_precision():
+            pred = self.head(xt, t, zm).float()
+        return (pred - target).pow(2).mean()

@@ -1,58 +1,33 @@
-"""Pretraining of the tiny MAR on the synthetic world (the embedded base model).
+"""Pretraining of the tiny MAR on a data source the caller passes (the embedded study: the
+synthetic world, margrpo.world.data.WorldBatches).
 
-Data is infinite: each batch draws train-split prompt combinations (balanced over the
-world's purposes), samples a scene that satisfies each and renders it, all from one
-torch.Generator, so a run is a pure function of its config and seed. Sampling uses an EMA
-copy of the weights (standard MAR practice; the raw weights give blotchier samples).
+The data source has `sample(batch_size, generator) -> (images [B, 3, H, W] in [0, 1],
+prompts [B])`. Data and masking draw from one torch.Generator seeded with pretrain.seed, so
+a run is a pure function of its config and seed. Sampling uses an EMA copy of the weights
+(standard MAR practice; the raw weights give blotchier samples).
+
+Training runs on the model's device (margrpo.models.device.place): the data and every
+random draw stay on the CPU generator and are moved, so CPU and CUDA runs see the same
+batches, masks and noise (their float kernels still round differently).
 """
 from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 from tqdm.auto import tqdm
 
+from margrpo.config import PretrainConfig
 from margrpo.models.mar import TinyMAR
-from margrpo.world.prompts import PURPOSES, combinations, sample_scenes
-from margrpo.world.render import render
 
 
-@dataclass(frozen=True)
-class PretrainSettings:
-    steps: int = 8000
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 300
-    decay_steps: int = 0
-    weight_decay: float = 0.02
-    grad_clip: float = 1.0
-    ema_decay: float = 0.999
-    prompt_dropout: float = 0.1
-    diffusion_batch_mul: int = 4
-    seed: int = 0
-    log_every: int = 50
-    compile: bool = False
+class PretrainData(Protocol):
+    def sample(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, list[str]]: ...
 
 
-class WorldBatches:
-    """Infinite (images [B, 3, H, W] in [0, 1], prompts) batches from the train split."""
-
-    def __init__(self, image_size: int, generator: torch.Generator):
-        self.pools = [combinations(p, "train") for p in PURPOSES]
-        self.size = image_size
-        self.gen = generator
-
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, list[str]]:
-        purpose = torch.randint(len(self.pools), (batch_size,), generator=self.gen).tolist()
-        metas = [self.pools[p][int(torch.randint(len(self.pools[p]), (1,), generator=self.gen))] for p in purpose]
-        images = render(sample_scenes(metas, self.gen, size=self.size), self.size)
-        return images, [m["prompt"] for m in metas]
-
-
-def lr_at(step: int, s: PretrainSettings) -> float:
+def lr_at(step: int, s: PretrainConfig) -> float:
     """Warmup-stable-decay: linear warmup, constant, then a linear decay to 0 over the last
     `decay_steps` (0: no decay). Up to the decay, a run stopped at step S equals a longer one's
     first S steps, so the decay phase can be rerun from the stable part."""
@@ -63,16 +38,18 @@ def lr_at(step: int, s: PretrainSettings) -> float:
 
 def pretrain(
     model: TinyMAR,
-    s: PretrainSettings,
+    s: PretrainConfig,
+    data: PretrainData,
     on_log: Callable[[int, dict[str, float]], None] | None = None,
     progress: bool = True,
     on_checkpoint: Callable[[int, TinyMAR], None] | None = None,
     checkpoint_every: int = 1000,
 ) -> TinyMAR:
-    """Train `model` in place for s.steps; returns the EMA model (eval mode)."""
+    """Train `model` in place (on its device) for s.steps on batches of `data`; returns the
+    EMA model (eval mode)."""
+    dev = model.device
     gen = torch.Generator().manual_seed(s.seed)
     torch.manual_seed(s.seed)
-    data = WorldBatches(model.config.image_size, gen)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     decay_params = [p for n, p in model.named_parameters() if p.ndim >= 2]
     other_params = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -94,8 +71,10 @@ def pretrain(
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, s)
-        images, prompts = data.sample(s.batch_size)
-        loss = model.training_loss(images, model.tokenize(prompts), gen, s.prompt_dropout, s.diffusion_batch_mul)
+        images, prompts = data.sample(s.batch_size, gen)
+        loss = model.training_loss(
+            images.to(dev), model.tokenize(prompts).to(dev), gen, s.prompt_dropout, s.diffusion_batch_mul
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)

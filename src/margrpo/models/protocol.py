@@ -56,11 +56,12 @@ class ARStep:
 class Rollout:
     """A batch of generated images and the record that replays and rescores them.
 
-    seeds: [B] int64 per-image seeds. `policy.rollout(prompts, seeds=seeds)` with the same
-        parameters, cfg and temperature reproduces the images bit for bit: the token order
-        and every noise draw of image b come from generators seeded by seeds[b] (and the
-        AR step index), independent of the batch it sits in (replayed in a batch of another
-        size, an image differs only by float rounding of the batched matmuls).
+    seeds: [B] int64 per-image seeds (CPU). `policy.rollout(prompts, seeds=seeds)` with the
+        same parameters, cfg and temperature reproduces the images bit for bit: the token
+        order and every noise draw of image b are pure functions of seeds[b] and their
+        coordinates (models/noise.py), independent of the batch it sits in and of the device
+        (replayed in a batch of another size or on another device, an image differs only by
+        float rounding of the batched matmuls).
     cond: model-specific conditioning needed by `encode` (token ids for the tiny MAR).
     """
 

@@ -29,16 +29,30 @@ from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
 LOG_2PI = math.log(2.0 * math.pi)
 
 
-def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """log N(x; mean, std^2 I) summed over the last dim. x, mean: [..., D]; std: [...]."""
-    d = x.shape[-1]
-    sq = (x.float() - mean.float()).pow(2).sum(-1)
+def per_element_std(std: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """std [...] (one per token) or [..., D] (one per element, e.g. Harmon's learned
+    variance) -> a float32 tensor that broadcasts against x [..., D]."""
     std = std.float()
+    return std if std.dim() == x.dim() else std.unsqueeze(-1)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, diag(std^2)) summed over the last dim. x, mean: [..., D]; std: [...]
+    (one per token) or [..., D] (one per element)."""
+    d = x.shape[-1]
+    std = std.float()
+    if std.dim() == x.dim():  # per-element std (learned variance)
+        z = (x.float() - mean.float()) / std
+        return (-0.5 * z.pow(2) - torch.log(std)).sum(-1) - 0.5 * d * LOG_2PI
+    sq = (x.float() - mean.float()).pow(2).sum(-1)
     return -sq / (2.0 * std**2) - d * torch.log(std) - 0.5 * d * LOG_2PI
 
 
 def gaussian_kl_same_std(mean_p: torch.Tensor, mean_q: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean_p, s^2 I) || N(mean_q, s^2 I)) = |mean_p - mean_q|^2 / (2 s^2), per token."""
+    """KL(N(mean_p, S) || N(mean_q, S)) = sum |mean_p - mean_q|^2 / (2 s^2), per token;
+    std [...] or [..., D] as in gaussian_log_prob."""
+    if std.dim() == mean_p.dim():
+        return ((mean_p.float() - mean_q.float()) / std.float()).pow(2).sum(-1) / 2.0
     return (mean_p.float() - mean_q.float()).pow(2).sum(-1) / (2.0 * std.float() ** 2)
 
 
@@ -85,7 +99,7 @@ class GaussianSampler(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One stochastic transition: (x_next, mean, std, log_prob). noise: like x."""
         mean, std = self.transition(x, j, out)
-        x_next = mean + std.unsqueeze(-1) * noise
+        x_next = mean + per_element_std(std, x) * noise
         return x_next, mean, std, gaussian_log_prob(x_next, mean, std)
 
 
@@ -125,18 +139,19 @@ class DDPMSampler(GaussianSampler):
         self.k_eps = (c_x0 * (1.0 - a64).sqrt() / a64.sqrt()).float()
 
     def training_pair(self, x0, generator):
+        dev = x0.device  # draws on the CPU generator, then moved: the same numbers on every device
         t = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator)
-        eps = torch.randn(x0.shape, generator=generator)
-        ab = self.alphas_cumprod[t].unsqueeze(-1)
+        eps = torch.randn(x0.shape, generator=generator).to(dev)
+        ab = self.alphas_cumprod[t].unsqueeze(-1).to(dev)
         xt = ab.sqrt() * x0 + (1.0 - ab).sqrt() * eps
-        return xt, t.float() / self.num_train_timesteps, eps
+        return xt, (t.float() / self.num_train_timesteps).to(dev), eps
 
     def time_input(self, j):
         return float(self.timesteps[j]) / self.num_train_timesteps
 
     def transition(self, x, j, out):
         mean = self.k_x[j] * x - self.k_eps[j] * out
-        std = torch.full(x.shape[:-1], float(self.std[j]) * self.temperature)
+        std = torch.full(x.shape[:-1], float(self.std[j]) * self.temperature, device=x.device)
         return mean, std
 
     def q_chain(self, x0, noise):
@@ -147,10 +162,10 @@ class DDPMSampler(GaussianSampler):
         return torch.stack(states[::-1])
 
     def q_log_prob(self, states):
-        total = torch.zeros(states.shape[1:-1])
+        total = torch.zeros(states.shape[1:-1], device=states.device)
         for j in range(self.num_steps):
             mean = (1.0 - self.beta[j]).sqrt() * states[j + 1]
-            std = torch.full(mean.shape[:-1], float(self.beta[j].sqrt()))
+            std = torch.full(mean.shape[:-1], float(self.beta[j].sqrt()), device=states.device)
             total = total + gaussian_log_prob(states[j], mean, std)
         return total
 
@@ -184,9 +199,10 @@ class FlowSDESampler(GaussianSampler):
         self.c_v = (1.0 + shat**2 * (1.0 - s) / (2.0 * s)) * dt
 
     def training_pair(self, x0, generator):
+        dev = x0.device  # draws on the CPU generator, then moved: the same numbers on every device
         u = torch.rand(x0.shape[0], generator=generator)
-        sigma = self.shift * u / (1.0 + (self.shift - 1.0) * u)
-        eps = torch.randn(x0.shape, generator=generator)
+        sigma = (self.shift * u / (1.0 + (self.shift - 1.0) * u)).to(dev)
+        eps = torch.randn(x0.shape, generator=generator).to(dev)
         s = sigma.unsqueeze(-1)
         return (1.0 - s) * x0 + s * eps, sigma, eps - x0
 
@@ -195,7 +211,7 @@ class FlowSDESampler(GaussianSampler):
 
     def transition(self, x, j, out):
         mean = self.c_x[j] * x + self.c_v[j] * out
-        std = torch.full(x.shape[:-1], float(self.std[j]) * self.temperature)
+        std = torch.full(x.shape[:-1], float(self.std[j]) * self.temperature, device=x.device)
         return mean, std
 
     def _q_coeffs(self, j: int) -> tuple[float, float]:
@@ -213,10 +229,10 @@ class FlowSDESampler(GaussianSampler):
         return torch.stack(states[::-1])
 
     def q_log_prob(self, states):
-        total = torch.zeros(states.shape[1:-1])
+        total = torch.zeros(states.shape[1:-1], device=states.device)
         for j in range(self.num_steps):
             a, b = self._q_coeffs(j)
-            std = torch.full(states.shape[1:-1], b)
+            std = torch.full(states.shape[1:-1], b, device=states.device)
             total = total + gaussian_log_prob(states[j], a * states[j + 1], std)
         return total
 

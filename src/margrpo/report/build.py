@@ -5,11 +5,19 @@ import json
 import math
 from pathlib import Path
 
-from margrpo.report.claims import RULE, build_claims
-from margrpo.report.curves import plot_curves, read_history, window_mean
+from margrpo.report import summary as summary_text
+from margrpo.report.claims import NOT_JUDGED, RULE, build_claims
+from margrpo.report.curves import read_history, window_mean
+from margrpo.report.figures import plot_curves, scores_figure, selection_figure
+from margrpo.report.learning import reward_hacking, reward_rise, steps_to_detect
 from margrpo.report.render import Figure, Section, Table
+from margrpo.stats import mean_std
 
 CURVE_KEYS = ["reward/mean", "loss/kl", "diag/grad_norm_ar", "diag/grad_norm_head"]
+# Held-out scores plotted over training, when the trainer evaluates during training.
+HELDOUT_CURVE_KEYS = ["eval/geneval/overall", "eval/t2i/mean", "eval/partial"]
+# reports/summary.json: headline name -> held-out metric.
+HEADLINE_KEYS = {"overall": "eval/geneval/overall", "t2i": "eval/t2i/mean", "partial": "eval/partial"}
 SELECT_KEYS = ["select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean"]
 
 
@@ -37,106 +45,104 @@ def train_stats(histories: dict[int, list[dict]]) -> dict[str, dict[str, list[fl
     return {"final": final, "growth": growth}
 
 
-def selection_figure(examples_path: Path, out: Path, max_steps: int = 4) -> Path | None:
-    """Images of the last rollout beside their per-token maps at a few AR steps (every
-    [n, N] tensor of a step record, N = g*g tokens, drawn as a g x g heat map)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import torch
-
-    ex = torch.load(examples_path, weights_only=False)
-    images, steps = ex.get("images"), ex.get("steps") or []
-    if images is None or not steps:
-        return None
-    picked = steps[:: max(1, math.ceil(len(steps) / max_steps))][:max_steps]
-    maps = [(s.get("ar_step", i), k, v) for i, s in enumerate(picked)
-            for k, v in s.items() if torch.is_tensor(v) and v.ndim == 2]
-    n = images.shape[0]
-    fig, axes = plt.subplots(n, 1 + len(maps), figsize=(1.6 * (1 + len(maps)), 1.7 * n), squeeze=False)
-    for i in range(n):
-        axes[i][0].imshow(images[i].permute(1, 2, 0).clamp(0, 1).numpy(), interpolation="nearest")
-        axes[i][0].set_title((ex.get("prompts") or [""] * n)[i][:28], fontsize=6)
-        for j, (step, key, v) in enumerate(maps, start=1):
-            g = int(round(math.sqrt(v.shape[1])))
-            axes[i][j].imshow(v[i].float().reshape(g, g).numpy(), cmap="viridis", interpolation="nearest")
-            if i == 0:
-                axes[i][j].set_title(f"step {step}\n{key}", fontsize=6)
-    for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
-
-
 def train_record_dir(reports: Path, method: str, seed) -> Path:
     """Per-seed training record (history.jsonl, selection_examples.pt) that the train stage
     writes under `reports`: small and in git, so the report needs no trained weights."""
     return reports / "train" / method / "seeds" / f"seed{seed}"
 
 
-def build(params, targets: list[str], methods: list[str], reports: Path) -> tuple[list[Section], dict]:
+def _read_json(path: Path, stage: str) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the report needs stage {stage} (dvc repro {stage})")
+    return json.loads(path.read_text())
+
+
+def build(params, targets: list[str], methods: list[str], reports: Path,
+          figures: Path | None = None) -> tuple[list[Section], dict]:
     """Report sections and summary from what the stages wrote under `reports` (eval/<target>/,
-    train/<method>/seeds/seed<s>/): the trained weights are not needed."""
+    train/<method>/seeds/seed<s>/, baseline/): the trained weights are not needed. Figures
+    are written to `figures` (default reports/figures)."""
     import yaml
 
-    figures = reports / "figures"
+    figures = Path(figures or reports / "figures")
     figures.mkdir(parents=True, exist_ok=True)
     seeds = list(params.train.seeds)
     histories = {m: {s: read_history(p) for s in seeds if (p := train_record_dir(reports, m, s) / "history.jsonl").exists()}
                  for m in methods}
-    evals = {t: json.loads((reports / "eval" / t / "metrics.json").read_text()) for t in targets}
-    per_seed = {t: json.loads((reports / "eval" / t / "per_seed.json").read_text()) for t in targets}
+    evals = {t: _read_json(reports / "eval" / t / "metrics.json", f"evaluate@{t}") for t in targets}
+    per_seed = {t: _read_json(reports / "eval" / t / "per_seed.json", f"evaluate@{t}") for t in targets}
     eval_values = {t: {k: [r[k] for r in per_seed[t].values() if k in r] for k in evals[t]["mean"]} for t in targets}
+    baseline = reports / "baseline" / "metrics.json"
+    base_reward = json.loads(baseline.read_text()).get("baseline/reward_mean") if baseline.exists() else None
     stats = {m: train_stats(h) for m, h in histories.items()}
-    sections = []
+    timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
+    claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing)
+
+    sections = [Section("Summary", anchor="summary", paragraphs=[summary_text.held_out(eval_values, methods),
+                                    summary_text.training(stats, base_reward),
+                                    summary_text.claims_line(claims)])]
 
     metrics = sorted({k for t in targets for k in evals[t]["mean"]},
                      key=lambda k: (not k.startswith("eval/geneval"), k.endswith(("overall", "mean")), k))
     rows = [[k] + [fmt(evals[t]["mean"].get(k), evals[t]["std"].get(k)) for t in targets] for k in metrics]
-    sections.append(Section(
-        "Held-out scores: base vs trained methods",
-        [f"World held-out prompts, {params.evaluate.images_per_prompt} images per prompt; mean ± std over "
+    scores = Section(
+        "Test scores: base vs trained methods",
+        [f"World test prompts (a split used by no training decision), {params.evaluate.images_per_prompt} images per "
+         "prompt, final checkpoints; mean ± std over "
          f"{len(seeds)} replicate(s) (train seeds {seeds}; for base, the same model with each replicate's image "
          "seeds). eval/geneval/* are GenEval-rule per-tag accuracies, eval/t2i/* T2I-CompBench-style per-category "
          "scores, eval/partial the dense requirement score; all from the embedded world evaluator."],
-        [Table(["metric", *targets], rows)]))
+        [Table(["metric", *targets], rows)])
+    if path := scores_figure(evals, figures / "heldout_scores.png"):
+        scores.figures.append(Figure(path, "Held-out score per tag and category: trained methods (bars, ± std over "
+                                           "replicates) against the base model (dashed line)"))
+    sections.append(scores)
+    sections.append(_best_section(reports, per_seed, methods))
 
     train_rows = []
     for m in methods:
         fin = stats[m]["final"]
         for k in CURVE_KEYS + SELECT_KEYS + ["reward/peak_drop", "time/step", "time/rollout"]:
             if k in fin:
-                mean = sum(fin[k]) / len(fin[k])
-                sd = math.sqrt(sum((v - mean) ** 2 for v in fin[k]) / (len(fin[k]) - 1)) if len(fin[k]) > 1 else 0.0
+                mean, sd, _ = mean_std(fin[k])
                 train_rows.append([m, k, fmt(mean, sd)])
-    curves = Section("Training curves", [f"Mean over seeds, band ± 1 std; final window = last 25% of steps."],
+    curves = Section("Training curves", ["Mean over seeds, band ± 1 std; final window = last 25% of steps. Dashed: "
+                                         "the base model (training reward of its own samples, from sample_baseline; "
+                                         "held-out scores from evaluate@base)."],
                      [Table(["method", "metric (final window)", "mean ± std over seeds"], train_rows)])
-    for name, keys in (("curves", CURVE_KEYS), ("selection", SELECT_KEYS)):
-        path = plot_curves(histories, keys, figures / f"train_{name}.png")
-        if path:
-            curves.figures.append(Figure(path, f"training {name}: " + ", ".join(keys)))
+    # Held-out scores during training (the trainer's evals.jsonl, when train.eval_every > 0):
+    # step 0 is the base model on the same prompts, the reference line.
+    evals_during = {m: {s: read_history(p) for s in seeds
+                        if (p := train_record_dir(reports, m, s) / "evals.jsonl").exists()} for m in methods}
+    eval_keys = sorted({k for h in evals_during.values() for rows_ in h.values() for r in rows_ for k in r
+                        if k in HELDOUT_CURVE_KEYS})
+    reference = {k: ref for k in eval_keys if (ref := _step0_reference(evals_during, k))}
+    if base_reward is not None:
+        reference["reward/mean"] = (base_reward, "base (sample_baseline)")
+    for name, keys, source in (("curves", CURVE_KEYS, histories), ("heldout", eval_keys, evals_during),
+                               ("selection", SELECT_KEYS, histories)):
+        if keys and (path := plot_curves(source, keys, figures / f"train_{name}.png", reference)):
+            curves.figures.append(Figure(path, f"Training {name}: " + ", ".join(keys)))
     sections.append(curves)
+    sections.append(_learning_section(params, histories, evals_during))
 
     grids = Section("Samples: same prompts and seeds across methods",
-                    ["Replicate 0, held-out prompts across tags (evaluate.grid_prompts); each column is one image seed, identical across methods."])
-    grids.figures = [Figure(reports / "eval" / t / "grid.png", f"{t}") for t in targets
+                    ["Replicate 0, held-out prompts across tags (evaluate.grid_prompts); each column is one image seed, "
+                     "identical across methods."])
+    grids.figures = [Figure(reports / "eval" / t / "grid.png", t, pixelated=True) for t in targets
                      if (reports / "eval" / t / "grid.png").exists()]
     sections.append(grids)
 
     maps = Section("Uncertainty and token-selection maps", [])
     for m in methods:
         ex = train_record_dir(reports, m, seeds[0]) / "selection_examples.pt"
-        if ex.exists() and (fig := selection_figure(ex, figures / f"selection_{m}.png")):
-            maps.figures.append(Figure(fig, f"{m}, seed {seeds[0]}: last rollout's per-token maps"))
+        if ex.exists() and (fig := selection_figure(_load_examples(ex), figures / f"selection_{m}.png")):
+            maps.figures.append(Figure(fig, f"{m}, seed {seeds[0]}: the last rollout's per-token maps"))
     if not maps.figures:
-        maps.paragraphs.append("The trainer wrote no selection examples for these methods.")
+        maps.paragraphs.append("The trainer wrote no selection examples with information for these methods.")
     sections.append(maps)
 
-    probe_rows = [[m, k, fmt(sum(v) / len(v)), str(len(v))] for m in methods
+    probe_rows = [[m, k, fmt(mean_std(v)[0]), str(len(v))] for m in methods
                   for k, v in sorted(stats[m]["final"].items()) if k.startswith("probe/")]
     sections.append(Section(
         "Gradient-variance measurements",
@@ -146,21 +152,91 @@ def build(params, targets: list[str], methods: list[str], reports: Path) -> tupl
          if probe_rows else "No probe metrics were logged (train.grad_probe_every = 0)."],
         [Table(["method", "metric", "mean over seeds", "seeds"], probe_rows)] if probe_rows else []))
 
-    timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
-    claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing)
     sections.append(Section(
         "Claims of the paper (method.md §6) against this run",
-        [f"Rule: {RULE}."],
+        [f"Rule: {RULE}. Evidence: one line per comparison, d = difference of seed means."]
+        + [f"Claim {n} ({text}) is not in the table: it {why}." for n, (text, why) in NOT_JUDGED.items()],
         [Table(["#", "claim", "verdict", "evidence", "note"],
-               [[str(c.number), c.claim, c.status, "; ".join(p.render() for p in c.parts) or "–", c.note or "–"]
-                for c in claims])]))
+               [[str(c.number), c.claim, c.status, [p.render() for p in c.parts] or "–", c.note or "–"]
+                for c in claims])], anchor="claims"))
     sections.append(Section("Params used", [], [], [], yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)))
 
-    summary = {
-        # Numeric so that `dvc metrics diff` can compare studies: 1 holds, 0 inconclusive, -1 not.
-        "claims": {f"claim{c.number}": {"holds": 1, "inconclusive": 0, "does not hold": -1}[c.status]
-                   for c in claims},
-        "scores": {t: {k: evals[t]["mean"][k] for k in ("eval/geneval/overall", "eval/t2i/mean", "eval/partial")
-                       if k in evals[t]["mean"]} for t in targets},
-    }
+    # Short, flat keys: `dvc exp show` names columns by them (overall.mar_grpo, gain.grpo).
+    summary = {name: {t: evals[t]["mean"][key] for t in targets if key in evals[t]["mean"]}
+               for name, key in HEADLINE_KEYS.items()}
+    base = summary["overall"].get("base")
+    summary["gain"] = {m: v - base for m, v in summary["overall"].items() if m != "base" and base is not None}
+    # Numeric so that `dvc metrics diff` can compare studies: 1 holds, 0 inconclusive, -1 not.
+    summary["claims"] = {f"claim{c.number}": {"holds": 1, "inconclusive": 0, "does not hold": -1}[c.status]
+                         for c in claims}
+    summary["seeds"] = len(seeds)
     return sections, summary
+
+
+def _best_section(reports: Path, per_seed: dict, methods: list[str]) -> Section:
+    """Test scores of the final and the best-by-held-out checkpoints, paired with the base
+    per replicate (the same image seeds): gain = method − base, mean ± std over seeds.
+    per_seed: target -> the final models' per_seed.json, read by build()."""
+    key = "eval/geneval/overall"
+    base = per_seed.get("base", {})
+    rows = []
+    for m in methods:
+        row = [m]
+        best_path = reports / "eval" / m / "per_seed_best.json"
+        best = json.loads(best_path.read_text()) if best_path.exists() else {}
+        for by_seed in (per_seed.get(m, {}), best):
+            scores = {s: r[key] for s, r in by_seed.items() if key in r}
+            gains = [v - base[s][key] for s, v in scores.items() if s in base and key in base[s]]
+            row += [fmt(*mean_std(list(scores.values()))[:2]) if scores else "–",
+                    fmt(*mean_std(gains)[:2]) if gains else "–"]
+        rows.append(row)
+    return Section("Final and best checkpoints (test split)",
+                   ["GenEval-style overall on the test prompts. best: the checkpoint with the highest held-out "
+                    "(validation split) overall during training, chosen without the test prompts. gain: method − base "
+                    "on the same image seeds, per replicate; mean ± std over seeds."],
+                   [Table(["method", "final", "final gain", "best", "best gain"], rows)])
+
+
+def _learning_section(params, histories: dict, evals_during: dict) -> Section:
+    """Per run: did the training reward rise, and did held-out tags fall while it rose
+    (reward hacking: report/learning.py)."""
+    window = max(1, min(10, params.train.steps // 2))
+    images_per_tag = params.world.heldout_prompts_per_tag * params.train.eval_images_per_prompt
+    rows = []
+    for m, seeds in histories.items():
+        for s, h in seeds.items():
+            ev = evals_during.get(m, {}).get(s, [])
+            try:
+                r = reward_rise(h, window)
+                z = f"z {r['z']:.1f}" if math.isfinite(r["z"]) else "one value per window"
+                rise = f"{r['rise']:+.3f} ± {r['se']:.3f} ({z})"
+                needed = str(steps_to_detect(h, 3.0, window)["steps"])
+            except ValueError:
+                rise, needed = "–", "–"
+            overall = [e["eval/geneval/overall"] for e in ev if "eval/geneval/overall" in e]
+            path = " → ".join(f"{v:.3f}" for v in overall) or "–"
+            hacked = reward_hacking(h, ev, images_per_tag, window=window) if len(h) >= 2 * window else []
+            rows.append([m, str(s), rise, needed, path, ", ".join(hacked) or "none"])
+    return Section("Learning checks",
+                   [f"Training reward: mean of the last {window} steps minus the first {window}, ± standard error "
+                    "(steps as independent draws); steps for 3 se: how many steps that difference would need to reach 3 "
+                    "standard errors if the reward kept its fitted linear trend and noise (inf: no upward trend). "
+                    "Held-out overall at each in-training evaluation (validation split, "
+                    f"{params.train.eval_images_per_prompt} images per prompt; the first is the base model). Tags that "
+                    "fell by more than 2 standard errors while the reward rose by more than 2 are flagged as reward "
+                    "hacking."],
+                   [Table(["method", "seed", "reward rise", "steps for 3 se", "held-out overall during training",
+                           "tags fallen (hacking)"],
+                          rows)])
+
+
+def _step0_reference(evals_during: dict, key: str) -> tuple[float, str] | None:
+    """The base model's value of an in-training held-out score: its step-0 evaluation."""
+    at_zero = [r[key] for h in evals_during.values() for rows in h.values() for r in rows if r["step"] == 0 and key in r]
+    return (mean_std(at_zero)[0], "base (step 0)") if at_zero else None
+
+
+def _load_examples(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, weights_only=False)

@@ -9,13 +9,10 @@ Install: `pip install -e .[transformers]` (core env).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from margrpo.rewards.base import register_reward
-from margrpo.rewards.clip_common import check_batch, chunks, require_paths, to_pil
+from margrpo.rewards.clip_common import batched_scores, require_paths, to_pil
 from margrpo.rewards.clipscore import EXTRA, HFClip
 
 
@@ -60,14 +57,8 @@ class AestheticReward:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
-        check_batch(images, prompts)
-        out = []
-        for sl in chunks(images.shape[0], self.batch_size):
+        def score(sl: slice) -> torch.Tensor:
             emb = torch.nn.functional.normalize(self.clip.image_embeds(to_pil(images[sl])), dim=-1)
-            out.append(self.head(emb.to(self.clip.device)).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+            return self.head(emb.to(self.clip.device)).float().cpu()
 
-
-@register_reward("aesthetic")
-def _build_aesthetic(**kwargs: Any) -> AestheticReward:
-    return AestheticReward(**kwargs)
+        return batched_scores(images, prompts, self.batch_size, score)

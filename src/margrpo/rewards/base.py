@@ -1,4 +1,4 @@
-"""One reward interface for every scorer, and a registry keyed by name.
+"""One reward interface for every scorer, built by name from the reward table.
 
 A reward maps a batch of images with their prompts and prompt metadata to one float per
 image, higher is better:
@@ -8,15 +8,19 @@ image, higher is better:
     metadata: list of B dicts in the prompt JSONL schema (see margrpo.world.prompts)
     returns:  float tensor [B]
 
-Backends register a factory under a name; the factory receives the keyword arguments of
-its entry in params.yaml (`rewards: [{name, weight, ...}]`). Heavy backends import their
-packages inside the factory, so importing this module never imports them.
+`build_reward(name, **kwargs)` looks the name up in margrpo.rewards.table (name ->
+"module:factory"), imports that module then, and calls the factory with the keyword
+arguments of the entry in params.yaml (`rewards: [{name, weight, ...}]`). Heavy backends
+import their packages inside the factory, so building one never imports the others.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
+
+from margrpo.rewards.table import REWARDS, Backend
 
 
 @runtime_checkable
@@ -29,34 +33,39 @@ class RewardModel(Protocol):
 
 
 RewardFactory = Callable[..., RewardModel]
-_REGISTRY: dict[str, RewardFactory] = {}
 
 
 def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
-    """Decorator: make `factory(**kwargs) -> RewardModel` buildable as `name`."""
+    """Decorator for plugins (tests, out-of-tree scorers): add `name` -> this factory to the
+    reward table, taking any keyword arguments. Built-in backends are rows of the table."""
 
     def deco(factory: RewardFactory) -> RewardFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"reward {name!r} is registered twice")
-        _REGISTRY[name] = factory
+        if name in REWARDS:
+            raise ValueError(f"reward {name!r} is already in the table ({REWARDS[name].target})")
+        REWARDS[name] = Backend(factory)
         return factory
 
     return deco
 
 
-def available_rewards() -> list[str]:
-    _import_builtin_backends()
-    return sorted(_REGISTRY)
+def resolve(target: str | RewardFactory) -> RewardFactory:
+    """The factory of a table entry: "module:qualname" is imported now."""
+    if callable(target):
+        return target
+    module, _, qualname = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def build_reward(name: str, **kwargs: Any) -> RewardModel:
-    _import_builtin_backends()
-    if name not in _REGISTRY:
+    if name not in REWARDS:
         raise ValueError(
-            f"unknown reward {name!r}; available: {', '.join(sorted(_REGISTRY))}. "
+            f"unknown reward {name!r}; available: {', '.join(sorted(REWARDS))}. "
             "Set rewards[].name in params.yaml to one of these."
         )
-    return _REGISTRY[name](**kwargs)
+    return resolve(REWARDS[name].target)(**kwargs)
 
 
 class WeightedReward:
@@ -95,8 +104,3 @@ def build_weighted_reward(specs: list[dict[str, Any]]) -> WeightedReward:
         components.append((build_reward(name, **spec), weight))
     return WeightedReward(components)
 
-
-def _import_builtin_backends() -> None:
-    # Registration modules are light: each backend imports its heavy package lazily,
-    # inside its factory.
-    import margrpo.rewards.registry  # noqa: F401

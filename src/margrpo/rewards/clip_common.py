@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -90,6 +90,15 @@ def check_batch(images: torch.Tensor, prompts: Sequence[str]) -> None:
         raise ValueError(f"images must be [B, 3, H, W] RGB in [0, 1], got {tuple(images.shape)}")
     if len(prompts) != images.shape[0]:
         raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+
+
+def batched_scores(images: torch.Tensor, prompts: Sequence[str], batch_size: int,
+                   score: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+    """Scores [B] on the CPU: check the batch, then score(slice) of at most batch_size
+    images at a time (each call returns that slice's [n] scores on the CPU)."""
+    check_batch(images, prompts)
+    out = [score(sl) for sl in chunks(images.shape[0], batch_size)]
+    return torch.cat(out) if out else torch.zeros(0)
 
 
 def to_uint8_hwc(images: torch.Tensor) -> np.ndarray:

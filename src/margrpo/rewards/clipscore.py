@@ -12,17 +12,8 @@ from typing import Any
 
 import torch
 
-from margrpo.rewards.base import register_reward
-from margrpo.rewards.clip_common import (
-    check_batch,
-    chunks,
-    pick_device,
-    pick_dtype,
-    require_module,
-    require_paths,
-    set_offline,
-    to_pil,
-)
+from margrpo.rewards.clip_common import (batched_scores, pick_device, pick_dtype, require_module,
+                                         require_paths, set_offline, to_pil)
 
 EXTRA = "pip install -e '.[transformers]'"
 
@@ -76,13 +67,13 @@ class HFClip:
 
     def cosine(self, images: torch.Tensor, prompts: list[str], batch_size: int) -> torch.Tensor:
         """[B] cosine of image and prompt embeddings, computed in batches."""
-        check_batch(images, prompts)
-        out = []
-        for sl in chunks(images.shape[0], batch_size):
+
+        def score(sl: slice) -> torch.Tensor:
             img = torch.nn.functional.normalize(self.image_embeds(to_pil(images[sl])), dim=-1)
             txt = torch.nn.functional.normalize(self.text_embeds(list(prompts[sl])), dim=-1)
-            out.append((img * txt).sum(-1).cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+            return (img * txt).sum(-1).cpu()
+
+        return batched_scores(images, prompts, batch_size, score)
 
 
 class CLIPScoreReward:
@@ -96,8 +87,3 @@ class CLIPScoreReward:
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
         return self.w * self.clip.cosine(images, prompts, self.batch_size).clamp_min(0)
-
-
-@register_reward("clipscore")
-def _build_clipscore(**kwargs: Any) -> CLIPScoreReward:
-    return CLIPScoreReward(**kwargs)

@@ -21,17 +21,8 @@ from typing import Any
 
 import torch
 
-from margrpo.rewards.base import register_reward
-from margrpo.rewards.clip_common import (
-    check_batch,
-    chunks,
-    normalize,
-    pick_device,
-    pick_dtype,
-    require_module,
-    require_paths,
-    resize_pad_square,
-)
+from margrpo.rewards.clip_common import (batched_scores, normalize, pick_device, pick_dtype,
+                                         require_module, require_paths, resize_pad_square)
 from margrpo.rewards.remote import maybe_remote
 
 EXTRA = ("scripts/setup_backend_env.sh openclip (or pip install -e '.[openclip]' in an env "
@@ -74,17 +65,16 @@ class HPSReward:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
-        check_batch(images, prompts)
-        out = []
-        for sl in chunks(images.shape[0], self.batch_size):
+        def score(sl: slice) -> torch.Tensor:
             pix = self.preprocess(images[sl]).to(self.device, self.dtype)
             tok = self.tokenizer(list(prompts[sl])).to(self.device)
             img = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)
             txt = torch.nn.functional.normalize(self.model.encode_text(tok).float(), dim=-1)
-            out.append((img * txt).sum(-1).cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+            return (img * txt).sum(-1).cpu()
+
+        return batched_scores(images, prompts, self.batch_size, score)
 
 
-@register_reward("hpsv2")
-def _build_hps(**kwargs: Any):
+def build(**kwargs: Any):
+    """Table entry "hpsv2": in process, or in its own env when `python` / `url` is set."""
     return maybe_remote("hpsv2", kwargs) or HPSReward(**kwargs)

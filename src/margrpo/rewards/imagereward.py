@@ -22,17 +22,8 @@ from typing import Any
 
 import torch
 
-from margrpo.rewards.base import register_reward
-from margrpo.rewards.clip_common import (
-    check_batch,
-    chunks,
-    pick_device,
-    pick_dtype,
-    require_module,
-    require_paths,
-    set_offline,
-    to_pil,
-)
+from margrpo.rewards.clip_common import (batched_scores, pick_device, pick_dtype, require_module,
+                                         require_paths, set_offline, to_pil)
 from margrpo.rewards.remote import maybe_remote
 
 EXTRA = ("scripts/setup_backend_env.sh legacy, then set rewards[].python: "
@@ -83,18 +74,16 @@ class ImageRewardReward:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
-        check_batch(images, prompts)
-        out = []
-        for sl in chunks(images.shape[0], self.batch_size):
+        def score(sl: slice) -> torch.Tensor:
             pix = torch.stack([self.model.preprocess(im) for im in to_pil(images[sl])])
             tok = self.model.blip.tokenizer(list(prompts[sl]), padding="max_length", truncation=True,
                                             max_length=35, return_tensors="pt").to(self.device)
-            r = self.model.score_gard(tok.input_ids, tok.attention_mask,
-                                      pix.to(self.device, self.dtype))
-            out.append(r.float().reshape(-1).cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+            r = self.model.score_gard(tok.input_ids, tok.attention_mask, pix.to(self.device, self.dtype))
+            return r.float().reshape(-1).cpu()
+
+        return batched_scores(images, prompts, self.batch_size, score)
 
 
-@register_reward("imagereward")
-def _build_imagereward(**kwargs: Any):
+def build(**kwargs: Any):
+    """Table entry "imagereward": in process, or in its own env when `python` / `url` is set."""
     return maybe_remote("imagereward", kwargs) or ImageRewardReward(**kwargs)

@@ -8,11 +8,8 @@ Install: `pip install -e .[transformers]` (core env).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from margrpo.rewards.base import register_reward
 from margrpo.rewards.clipscore import HFClip
 
 
@@ -27,8 +24,3 @@ class PickScoreReward:
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
         return self.scale * self.clip.cosine(images, prompts, self.batch_size)
-
-
-@register_reward("pickscore")
-def _build_pickscore(**kwargs: Any) -> PickScoreReward:
-    return PickScoreReward(**kwargs)

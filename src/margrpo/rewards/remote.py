@@ -33,11 +33,10 @@ from typing import Any
 import torch
 
 import margrpo
-from margrpo.rewards.base import register_reward
+from margrpo.jsonl import write_jsonl
 from margrpo.rewards.clip_common import check_batch, require_paths, to_pil
+from margrpo.rewards.table import CLIENT_KEYS
 
-CLIENT_KEYS = ("python", "url", "workdir", "startup_timeout", "request_timeout",
-               "keep_batches", "plugins", "pythonpath")
 ENV_HINT = "scripts/setup_backend_env.sh legacy (or openclip), then set rewards[].python"
 
 
@@ -131,10 +130,11 @@ class RemoteReward:
         batch = self.workdir / "batches" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
         batch.mkdir(parents=True)
         # PNG is 8-bit: the scorer sees the images quantised to uint8, as a saved sample is.
-        with open(batch / "prompts.jsonl", "w", encoding="utf-8") as f:
-            for i, (img, p, m) in enumerate(zip(to_pil(images), prompts, metadata)):
-                img.save(batch / f"{i:06d}.png")
-                f.write(json.dumps({"image": f"{i:06d}.png", "prompt": p, "metadata": m}) + "\n")
+        rows = []
+        for i, (img, p, m) in enumerate(zip(to_pil(images), prompts, metadata)):
+            img.save(batch / f"{i:06d}.png")
+            rows.append({"image": f"{i:06d}.png", "prompt": p, "metadata": m})
+        write_jsonl(rows, batch / "prompts.jsonl")
         return batch
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
@@ -194,7 +194,7 @@ def maybe_remote(backend: str, kwargs: dict[str, Any]) -> RemoteReward | None:
     return None
 
 
-@register_reward("remote")
-def _build_remote(backend: str, **kwargs: Any) -> RemoteReward:
+def build(backend: str, **kwargs: Any) -> RemoteReward:
+    """Table entry "remote": `backend` runs in the server process; client keys stay here."""
     client, rest = split_client_kwargs(kwargs)
     return RemoteReward(backend, rest, **client)

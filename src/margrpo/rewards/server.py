@@ -34,17 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from margrpo.jsonl import read_jsonl, write_jsonl
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def read_rows(prompts_jsonl: str | os.PathLike) -> list[dict[str, Any]]:
-    rows = []
-    with open(prompts_jsonl, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                row.setdefault("metadata", {})
-                rows.append(row)
+    rows = read_jsonl(prompts_jsonl)
+    for row in rows:
+        row.setdefault("metadata", {})
     return rows
 
 
@@ -81,11 +79,7 @@ def score_folder(model, image_dir: str | os.PathLike, prompts_jsonl: str | os.Pa
 
 
 def write_scores(out: str | os.PathLike, rows: list[dict], scores: list[float]) -> None:
-    tmp = Path(str(out) + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row, s in zip(rows, scores):
-            f.write(json.dumps({"image": row["image"], "score": s}) + "\n")
-    os.replace(tmp, out)
+    write_jsonl(({"image": row["image"], "score": s} for row, s in zip(rows, scores)), out)
 
 
 def build_model(backend: str, kwargs: dict[str, Any], plugins: list[str]):

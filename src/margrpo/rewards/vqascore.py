@@ -29,16 +29,8 @@ from typing import Any
 
 import torch
 
-from margrpo.rewards.base import register_reward
-from margrpo.rewards.clip_common import (
-    check_batch,
-    chunks,
-    pick_device,
-    require_module,
-    require_paths,
-    set_offline,
-    to_pil,
-)
+from margrpo.rewards.clip_common import (check_batch, chunks, pick_device, require_module,
+                                         require_paths, set_offline, to_pil)
 from margrpo.rewards.remote import maybe_remote
 
 EXTRA = ("scripts/setup_backend_env.sh legacy, then set rewards[].python: "
@@ -93,6 +85,6 @@ class VQAScoreReward:
         return torch.cat(out) if out else torch.zeros(0)
 
 
-@register_reward("vqascore")
-def _build_vqascore(**kwargs: Any):
+def build(**kwargs: Any):
+    """Table entry "vqascore": in process, or in its own env when `python` / `url` is set."""
     return maybe_remote("vqascore", kwargs) or VQAScoreReward(**kwargs)

@@ -1,8 +1,9 @@
 """Group-relative advantages for GRPO (method.md §2).
 
 A_b = (r_b - mean_g) / (std_g + eps) over the group g of image b. Groups are formed over
-the whole batch passed in: the trainer gathers the rewards of all workers first (the
-authors' code normalises per GPU; method.md §5 lists that as a defect).
+the whole batch passed in: a data-parallel rank holds whole groups (rl/distributed.py),
+so its advantages are exactly those of the global batch (the authors' code normalises per
+GPU instead of per group; method.md §5 lists that as a defect).
 
 Std choice: the SAMPLE std (Bessel-corrected, divide by G - 1), i.e. what `torch.std`
 returns by default and what Flow-GRPO / DanceGRPO use, so advantage scales are comparable
@@ -10,7 +11,8 @@ with those implementations. For G = 4 it is sqrt(4/3) ~ 1.15 times the populatio
 A group of size 1 has no spread to normalise by: its advantage is 0 (it carries no
 relative information), not NaN.
 
-Shapes: rewards [B] float, group_ids [B] long (any integer labels, need not be contiguous).
+Shapes: rewards [B] float, group_ids [B] long (any integer labels, need not be contiguous),
+on one device (the statistics are computed there).
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.
     _, inv = torch.unique(group_ids, return_inverse=True)
     g = int(inv.max()) + 1 if inv.numel() else 0
     r = rewards.double()
-    count = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, torch.ones_like(r))
-    mean = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, r) / count
+    zeros = torch.zeros(g, dtype=torch.float64, device=r.device)
+    count = zeros.clone().index_add_(0, inv, torch.ones_like(r))
+    mean = zeros.clone().index_add_(0, inv, r) / count
     dev = r - mean[inv]
-    ss = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, dev * dev)
+    ss = zeros.clone().index_add_(0, inv, dev * dev)
     std = (ss / (count - 1.0).clamp_min(1.0)).sqrt()
     return mean[inv], std[inv], count[inv]
 
@@ -50,5 +53,5 @@ def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor, atol: floa
     _, inv = torch.unique(group_ids, return_inverse=True)
     _, std, _ = _group_stats(rewards, group_ids)
     g = int(inv.max()) + 1
-    group_std = torch.zeros(g, dtype=torch.float64).scatter_(0, inv, std)
+    group_std = torch.zeros(g, dtype=torch.float64, device=std.device).scatter_(0, inv, std)
     return (group_std <= atol).double().mean().float()

@@ -14,7 +14,11 @@ A times the estimator of d log p_theta(x0) / dtheta:
   the diffusion ELBO; low variance but biased unless the head is the exact reverse of q.
 - posterior: the same q-chains with self-normalised importance weights
   w_s ∝ p_old(s_{0:T}) / q(s_{0:T-1} | x0), p_old including the N(0, I) prior of s_0;
-  consistent (Fisher's identity), held fixed (no gradient).
+  consistent (Fisher's identity), held fixed (no gradient). With keep_rollout (the
+  trainer's setting) the rollout chain, itself an exact draw from the posterior of chains
+  ending in x0, is chain 0 with weight 1/(M+1) and the M q-chains share M/(M+1) by their
+  normalised weights: the convex combination of the unbiased single-chain estimate and
+  the consistent importance estimate, so the chain that made the image is never dropped.
 
 The model enters only through two callables, so the estimators run on a toy without a
 network (tests/test_estimators.py) and on any MARPolicy (`policy_callables`):
@@ -25,6 +29,13 @@ network (tests/test_estimators.py) and on any MARPolicy (`policy_callables`):
   policy from initial noise noise[0] and step noises noise[1:] (needed by `resample` only).
 rows is a flat index into the B * n tokens of the AR step (row-major over [B, n]).
 
+The random draws enter through a third callable, `ChainNoise`: noise(num_states, M, rows, D)
+-> standard normals [num_states, M, R, D]. The trainer's (`image_noise`) is a pure function
+of each row's image seed, AR step, token position, chain index and head state
+(models/noise.py): a token draws the same chains in any batch, on any rank or device, so a
+data-parallel shard draws exactly what one process draws for its images. `generator_noise`
+draws a whole batch from one torch.Generator (the toy, whose rows are not images).
+
 Call `draw_chains` while the parameters are still theta_old (before the first update of
 the rollout): logp_old and the posterior weights are computed under no_grad then, with the
 same callable that the loss uses, so the first-pass ratio is exactly 1 and the noise draws
@@ -32,21 +43,55 @@ are common to the old and the new policy.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from margrpo.config import ESTIMATORS
+# chain_noise bound here: benchtools.legacy_rollout patches the module attribute for rollouts only
+from margrpo.models.noise import FORWARD, RESAMPLE, chain_noise, chain_stream
 from margrpo.models.chains import chain_log_probs, sample_chain
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.samplers import LOG_2PI, GaussianSampler
 from margrpo.rl.losses import ppo_clipped_term
 
-ESTIMATORS = ("single", "resample", "elbo", "posterior")
-
 LogProbFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ChainNoise = Callable[[int, int, torch.Tensor, int], torch.Tensor]
+# Streams of the estimators' own chains (the uncertainty map's are noise.UNCERTAINTY).
+ESTIMATOR_STREAMS = {"resample": RESAMPLE, "elbo": FORWARD, "posterior": FORWARD}
+
+
+def image_noise(seeds: torch.Tensor, ar_step: int, positions: torch.Tensor, purpose: int,
+                draw: int = 0) -> ChainNoise:
+    """Per-image counter draws for the tokens of one AR step.
+
+    seeds: [B] int64 image seeds; positions: [B, n] token positions of the step's layout
+    (rows index its row-major flattening). noise(S, M, rows, D)[j, c, r] is the chain-c draw
+    of head state j of token positions[b, k] of image b, r = b * n + k, on the stream
+    noise.chain_stream(purpose, c, draw); on the device of `positions`.
+    """
+    n = positions.shape[1]
+    seeds = seeds.to(positions.device)
+
+    def draws(num_states: int, num_chains: int, rows: torch.Tensor, dim: int) -> torch.Tensor:
+        s, t = seeds[rows // n], positions.reshape(-1)[rows].unsqueeze(1)  # [R], [R, 1]
+        return torch.stack([
+            chain_noise(s, ar_step, t, num_states, dim, chain_stream(purpose, c, draw))[:, :, 0]
+            for c in range(num_chains)
+        ], dim=1)
+
+    return draws
+
+
+def generator_noise(generator: torch.Generator) -> ChainNoise:
+    """A whole batch's draws [S, M, R, D] from one CPU generator, in a single call (toys and
+    tests; they depend on the batch)."""
+    def draws(num_states: int, num_chains: int, rows: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.randn(num_states, num_chains, rows.numel(), dim, generator=generator).to(rows.device)
+
+    return draws
 
 
 @dataclass
@@ -98,17 +143,19 @@ def draw_chains(
     logp: torch.Tensor,
     mask: torch.Tensor,
     num_chains: int,
-    generator: torch.Generator | None = None,
+    noise: ChainNoise | None = None,
     sample_fn: SampleFn | None = None,
     states: torch.Tensor | None = None,
     states_logp: torch.Tensor | None = None,
     logp_steps: torch.Tensor | None = None,
+    keep_rollout: bool = False,
 ) -> ChainDraw:
     """Chains, weights and old log-probs of one AR step for the tokens in `mask`.
 
     chain: [T+1, B, n, D] rollout chain (chain[T] = committed tokens x0); logp: [T, B, n]
     its recorded log-probs; mask: [B, n] bool selected tokens; num_chains: M (ignored by
-    `single`); generator: source of all draws (noise shape [T(+1), M, R, D], in that order).
+    `single`); noise: source of all draws (`ChainNoise`, called once for [T(+1), M, R, D];
+    not needed by `single` or by `resample` with `states`).
     states: `resample` only, chains [T+1, M, R, D] already drawn by the old policy from the
     same z (the uncertainty map's chains, reused as the authors do) instead of new draws.
     states_logp: [T, M, R] the old policy's transition log-probs of `states`, recorded when
@@ -117,6 +164,8 @@ def draw_chains(
     logp_steps: long [S]; for `resample` / `elbo` compute logp_old at these head steps only
     (their weights are uniform, so the loss steps are all they need); ignored by `posterior`,
     whose weights need every transition.
+    keep_rollout: `posterior` only: the rollout chain joins as chain 0 (M + 1 chains, see the
+    module docstring).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
@@ -124,8 +173,9 @@ def draw_chains(
     rows = mask.reshape(-1).nonzero().squeeze(-1)
     r = rows.numel()
     x_rows = chain.reshape(t_steps + 1, -1, d)[:, rows]  # [T+1, R, D]
+    dev = chain.device
     if estimator == "single":
-        ones = torch.ones(1, r)
+        ones = torch.ones(1, r, device=dev)
         return ChainDraw(x_rows.unsqueeze(1), ones, logp.reshape(t_steps, -1)[:, rows].unsqueeze(1).float(), rows, ones[0])
     m = int(num_chains)
     if m < 1:
@@ -137,14 +187,14 @@ def draw_chains(
         if estimator == "resample" and states is not None:
             if states.shape != (t_steps + 1, m, r, d):
                 raise ValueError(f"resample states must be {(t_steps + 1, m, r, d)}, got {tuple(states.shape)}")
+        elif noise is None:
+            raise ValueError(f"the {estimator} estimator draws chains and needs `noise`")
         elif estimator == "resample":
             if sample_fn is None:
                 raise ValueError("the resample estimator needs sample_fn")
-            noise = torch.randn(t_steps + 1, m, r, d, generator=generator)
-            states = sample_fn(noise, rows)
+            states = sample_fn(noise(t_steps + 1, m, rows, d), rows)
         else:
-            noise = torch.randn(t_steps, m, r, d, generator=generator)
-            states = sampler.q_chain(x_rows[-1].unsqueeze(0).expand(m, r, d), noise)
+            states = sampler.q_chain(x_rows[-1].unsqueeze(0).expand(m, r, d), noise(t_steps, m, rows, d))
         if states_logp is not None:
             logp_old = (states_logp if logp_steps is None else states_logp[logp_steps]).float()
         elif estimator == "posterior" or logp_steps is None:
@@ -154,8 +204,13 @@ def draw_chains(
             logp_old = logp_fn(states, rows, logp_steps).float()
         if estimator == "posterior":
             weights = torch.softmax(posterior_log_weights(states, logp_old, sampler), dim=0)
+            if keep_rollout:
+                own_logp = logp.reshape(t_steps, -1)[:, rows].unsqueeze(1).float()
+                states = torch.cat([x_rows.unsqueeze(1), states], dim=1)
+                logp_old = torch.cat([own_logp, logp_old], dim=1)
+                weights = torch.cat([torch.full((1, r), 1.0 / (m + 1), device=dev), weights * (m / (m + 1))], dim=0)
         else:
-            weights = torch.full((m, r), 1.0 / m)
+            weights = torch.full((m, r), 1.0 / m, device=dev)
         ess = 1.0 / weights.pow(2).sum(0)
     return ChainDraw(states, weights, logp_old, rows, ess, logp_steps)
 
@@ -220,9 +275,3 @@ def chain_policy_terms(
     a = adv[draw.rows // n_tokens].view(1, 1, -1)
     return ppo_clipped_term(logp_new, old, a, clip_range, weight=draw.weights.unsqueeze(0))
 
-
-def median_ess(weights: torch.Tensor) -> float:
-    """Median effective sample size over tokens (logging helper). weights: [M, R]."""
-    if weights.numel() == 0:
-        return math.nan
-    return float((1.0 / weights.pow(2).sum(0)).median())

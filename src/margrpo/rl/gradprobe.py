@@ -1,12 +1,22 @@
 """Gradient-variance probe: two independent gradient estimates of the same loss.
 
+Signal-to-noise of the policy gradient (`group_halves`): split a batch by GROUPS (prompts)
+into two halves; each half is an independent, unbiased estimate of the expected gradient
+(its advantages are normalised within its own groups), so g_a . g_b estimates |E g|^2 and
+|g_a - g_b|^2 / 2 the noise of one half-batch. Splitting WITHIN groups is not independent:
+the advantages of a group sum to zero, so a direction common to all its images enters the
+two halves with opposite signs and drags the cosine below zero even where there is signal.
+
 The MTE estimators draw random chains; with the rollout fixed, two independent draws
 g1, g2 of the loss gradient (different generator seeds, same parameters) measure the noise
 the draws add:
 - cosine(g1, g2): near 1 when the draws barely matter, near 0 when noise dominates;
 - noise_var = |g1 - g2|^2 / 2: unbiased estimate of trace Cov(g) (for independent draws);
 - signal = g1 . g2: unbiased estimate of |E g|^2 (may be negative when noise dominates);
-- noise_to_signal = noise_var / |mean|^2 with mean = (g1 + g2) / 2.
+- noise_to_signal = noise_var / |mean|^2 with mean = (g1 + g2) / 2;
+- snr = signal / noise_var: |E g|^2 over the noise of one estimate (unbiased numerator and
+  denominator; averaged over batches it says how many batches an update needs before it
+  follows the reward rather than the noise: about 1 / snr).
 Comparing noise_var of two estimators (`variance_ratio`) gives their variance ratio.
 
 Gradients are taken with torch.autograd.grad, so parameters' .grad fields are untouched.
@@ -50,7 +60,20 @@ def pair_stats(g1: torch.Tensor, g2: torch.Tensor) -> dict[str, float]:
         "signal": float(g1 @ g2),
         "mean_norm": float(mean_sq.sqrt()),
         "noise_to_signal": float(noise_var / mean_sq) if mean_sq > 0 else float("inf"),
+        "snr": float((g1 @ g2) / noise_var) if noise_var > 0 else 0.0,
     }
+
+
+def group_halves(groups: torch.Tensor, num_groups: int | None = None) -> torch.Tensor:
+    """[B] bool: True for the images of the first half of the groups (by sorted group id).
+    groups: [B] group index of every image; num_groups: the groups are 0..num_groups-1 of a
+    global batch that `groups` may be one rank's block of (default: the groups present).
+    Needs at least two groups."""
+    ids = groups.unique() if num_groups is None else torch.arange(num_groups, device=groups.device)
+    if ids.numel() < 2:
+        raise ValueError("the signal-to-noise probe splits the batch by groups and needs at least two "
+                         "prompts per step (train.prompts_per_step >= 2)")
+    return torch.isin(groups, ids[: ids.numel() // 2])
 
 
 def variance_ratio(stats_a: dict[str, float], stats_b: dict[str, float]) -> float:

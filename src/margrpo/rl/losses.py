@@ -1,30 +1,30 @@
-"""Policy-gradient, KL and aggregation terms of the GRPO loss (method.md §2, §3.2).
+"""Policy-gradient terms of the GRPO loss and how they add up (method.md §2, §3.2).
 
-Aggregation rule (the same for every estimator, so `single` and the MTE estimators are
-comparable; `aggregate` implements it):
+Aggregation rule (the same for every estimator and token scope, so methods compare):
 
-1. Per chain, per head step j, per token n, the PPO term is
-   w_s * (-min(ratio A, clip(ratio) A)), w_s the chain weight of the estimator
-   (1 for `single`, 1/M for `resample` / `elbo`, self-normalised importance weights for
-   `posterior`). The weights of one token sum to 1.
-2. The chain terms of a token are SUMMED over its chains (`merge_chain_terms`), which gives
-   one term per (AR step i, head step j, image b, token n): the weighted average over
-   chains. A token therefore weighs the same whatever the number of chains.
-3. For each AR step i, image b and head step j: MEAN over the tokens of image b selected
-   for the loss at step i (the loss-token mask).
-4. MEAN over the head steps in the loss, then MEAN over all (AR step, image) pairs that
-   have at least one selected token. Pairs with no selected token are left out, not
-   counted as zero, so an image does not lose weight because a filter emptied one step.
+1. Per chain s, head step j, token n, the PPO term is w_s * (-min(ratio A, clip(ratio) A)),
+   w_s the chain weight of the estimator (1 for `single`, 1/M for `resample` / `elbo`,
+   importance weights for `posterior`); the weights of one token sum to 1.
+2. The chain terms of a token are SUMMED over its chains (`merge_chain_terms`): one term per
+   scored transition (AR step i, head step j, image b, token n), the weighted chain average.
+3. The loss is the SUM of those terms over every scored transition of every image, divided
+   by a constant: (images in the global batch) x (transition slots per image), the slots
+   being the committed tokens of the loss AR steps times the loss head steps
+   (`transition_sum` does the per-image sums; the trainer divides).
 
-The KL term (and any other per-token term) goes through the same rule with weight 1.
+Every scored transition therefore weighs the same, as in the policy gradient of the
+expected reward (sum over actions of A * score). The earlier rule (mean over the tokens of
+each AR step, then over (AR step, image) pairs) gave a token committed at a step with two
+tokens three times the weight of one at a step with six. A speculative token that enters
+the loss adds terms on top of the committed ones; it does not dilute them. A constant
+normaliser also makes the gradient of a batch split over several workers the sum of their
+gradients, which is what an all-reduce computes.
+
+The KL term goes through the same rule with weight 1.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
-
-from margrpo.models.samplers import gaussian_kl_same_std
 
 
 def ppo_clipped_term(
@@ -62,15 +62,6 @@ def ppo_clipped_term(
     return loss, stats
 
 
-def gaussian_kl(mean_theta: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Exact KL(N(mean_theta, std^2 I) || N(mean_ref, std^2 I)) per token: [..., D] -> [...].
-
-    Both policies share the sampler's std, so the KL is |mean diff|^2 / (2 std^2)
-    (not the exp(d) - d - 1 of the authors' code, method.md §5).
-    """
-    return gaussian_kl_same_std(mean_theta, mean_ref, std)
-
-
 def merge_chain_terms(
     single_terms: torch.Tensor, chain_terms: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
@@ -88,28 +79,10 @@ def merge_chain_terms(
     return merged.reshape(s, b, n)
 
 
-def token_mean(terms: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rule steps 3-4 for one AR step: terms [S, B, n], mask [B, n] bool.
+def transition_sum(terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-image sum of one AR step's terms over head steps and loss tokens (rule step 3).
 
-    Returns (per-image value [B], valid [B] bool): masked mean over tokens, then mean over
-    the S head steps; valid is False (and the value 0) for images with no selected token.
+    terms: [S, B, n] per (head step, image, token); mask: [B, n] bool loss tokens.
+    Returns [B]. Masked-out tokens contribute exactly 0 (and no gradient).
     """
-    m = mask.to(terms.dtype)
-    count = m.sum(-1)  # [B]
-    per_step = (terms * m).sum(-1) / count.clamp_min(1.0)  # [S, B]
-    return per_step.mean(0), count > 0
-
-
-def aggregate(terms: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The scalar loss from per-AR-step terms (module docstring, steps 3-4).
-
-    terms[i]: [S, B, n_i] per (head step, image, token) terms of AR step i (chains already
-    merged); masks[i]: [B, n_i] bool loss-token mask. n_i and S may differ between steps.
-    Returns the mean over valid (AR step, image) pairs of the per-image values; 0 (with
-    gradient graph intact) if nothing is selected anywhere.
-    """
-    if len(terms) != len(masks) or not terms:
-        raise ValueError("need one mask per AR step and at least one step")
-    values, valids = zip(*(token_mean(t, m) for t, m in zip(terms, masks)))
-    v, ok = torch.stack(values), torch.stack(valids).to(values[0].dtype)  # [K, B]
-    return (v * ok).sum() / ok.sum().clamp_min(1.0)
+    return (terms * mask.to(terms.dtype)).sum(dim=(0, 2))

@@ -10,8 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-CONSISTENCY_RULES = ("paper", "code")
-LOSS_SCOPES = ("committed", "committed+speculative")
+from margrpo.config import CONSISTENCY_RULES
 
 
 def uncertainty_map(final_tokens: torch.Tensor) -> torch.Tensor:
@@ -43,7 +42,9 @@ def topk_mask(uncertainty: torch.Tensor, k: float, candidates: torch.Tensor | No
     u = torch.where(candidates, uncertainty.float(), torch.full_like(uncertainty, -math.inf, dtype=torch.float32))
     order = torch.sort(u, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(n, device=u.device).expand(b, n))
-    counts = torch.tensor([topk_count(k, int(c)) for c in candidates.sum(-1)], device=u.device)
+    # ceil(k n_b) for every possible count n_b, looked up on the device (no per-image sync)
+    table = torch.tensor([topk_count(k, c) for c in range(n + 1)], device=u.device)
+    counts = table[candidates.sum(-1)]
     return (rank < counts.unsqueeze(-1)) & candidates
 
 
@@ -99,4 +100,4 @@ def loss_token_mask(
         if known is not None:
             spec = spec & ~known
         return committed | spec
-    raise ValueError(f"scope must be one of {LOSS_SCOPES}, got {scope!r}")
+    raise ValueError(f"scope must be 'committed' or 'committed+speculative', got {scope!r}")

@@ -1,53 +1,57 @@
-"""GRPO / MAR-GRPO training loop: rollout -> reward -> advantages -> loss -> AdamW.
+"""GRPO / MAR-GRPO training step: rollout -> reward -> advantages -> loss -> AdamW.
 
 Vanilla GRPO and MAR-GRPO run the same code; the method config decides the head freeze,
-the estimator and the token selection. Every random draw comes from one of four
-torch.Generators (prompt order, rollout seeds, loss-step subsets, MTE draws) whose states
-are checkpointed, so a killed run resumed from its last checkpoint ends with the same
-weights as an uninterrupted one.
+the estimator, the token scope and the selection. Every random draw comes from one of
+three torch.Generators (prompt order, image seeds, loss-step subsets) whose states are
+checkpointed, or is keyed by an image seed (the rollout's noise and the multi-trajectory
+chains, models/noise.py), so a killed run resumed from its last checkpoint ends with the
+same weights as an uninterrupted one. The outer loop (evaluation, checkpoints, the
+non-finite guard) is rl/loop.py.
+
+Data parallel (rl/distributed.py): every rank draws the same global batch and loss plan
+from the shared generators and rolls out its block of whole groups; the loss is
+normalised by the global image count and the gradients are summed over ranks, so N
+processes step like one process with the same global batch. Tensors live on the policy's
+device; the reward sees CPU images.
 
 Batch arithmetic per step: prompts_per_step prompts x group_size images = B rollouts; the
-loss covers loss_ar_steps random AR steps x loss_head_steps random head transitions.
+loss covers loss_ar_steps AR steps (all of them by default) x loss_head_steps head
+transitions drawn from the loss_head_window noisiest ones, every token committed at those
+steps (plus filtered speculative tokens for the committed+speculative scope).
 """
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import math
-import os
 import time
-from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 
 from margrpo.config import Params, ResolvedMethod
-from margrpo.models.loading import load_model
-from margrpo.models.protocol import MARPolicy
-from margrpo.rewards.base import build_weighted_reward
+from margrpo.models.noise import draw_seeds
+from margrpo.models.protocol import MARPolicy, Rollout
 from margrpo.rl.advantages import group_advantages, zero_std_fraction
-from margrpo.rl.gradprobe import flat_grad, pair_stats, variance_ratio
-from margrpo.rl.policy_loss import loss_backward, prepare, speculative_steps_needed
+from margrpo.rl.distributed import World, check_shardable, current
+from margrpo.rl.gradprobe import flat_grad, group_halves, pair_stats, variance_ratio
+from margrpo.rl.policy_loss import StepPlan, loss_backward, prepare, speculative_steps_needed, transition_slots
 
-GENERATORS = ("data", "rollout", "plan", "mte")
+GENERATORS = ("data", "rollout", "plan")
+# Mean over the plans of these per-step selection statistics goes into the step metrics.
+SELECT_KEYS = ("select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean")
 
 
 class Batch(NamedTuple):
-    """One training batch: rollout, rewards, advantages and loss plan (Trainer.collect)."""
+    """One training batch: rollout, rewards, advantages and loss plan (Trainer.collect); on
+    a rank of a data-parallel run, its block of the global batch (B images of whole groups)."""
 
-    groups: torch.Tensor  # [B] group index of every image
-    ar_steps: list[int]
-    head_steps: list[torch.Tensor]
-    rollout: object
+    groups: torch.Tensor  # [B] global group index of every image
+    rollout: Rollout
     rewards: torch.Tensor  # [B]
     adv: torch.Tensor  # [B]
-    plans: list
+    plans: list[StepPlan]
     rollout_s: float
-
-
-class NonFiniteError(RuntimeError):
-    pass
 
 
 def lr_lambda(tcfg) -> Callable[[int], float]:
@@ -68,232 +72,264 @@ def grad_norm(params: list[torch.nn.Parameter]) -> float:
     return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in gs]))) if gs else 0.0
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
+    """reward/*, adv/*, select/* and time/rollout of one batch. Over ranks: reward/* and adv/*
+    of the gathered global batch (exact), select/* the mean of the ranks' means."""
+    world = world or World()
+    r, groups = world.cat(batch.rewards), world.cat(batch.groups)
+    m = {
+        "reward/mean": r.mean().item(),
+        "reward/std": r.std().item(),
+        "reward/min": r.min().item(),
+        "reward/max": r.max().item(),
+        "adv/zero_std_frac": float(zero_std_fraction(r, groups)),
+        "time/rollout": batch.rollout_s,
+    }
+    mine = {}
+    for key in SELECT_KEYS:
+        vals = [p.stats[key] for p in batch.plans if key in p.stats]
+        if vals:
+            mine[key] = sum(vals) / len(vals)
+    ranks = world.all_gather(mine)  # a rank whose plans selected nothing has no select/ess
+    for key in SELECT_KEYS:
+        vals = [r[key] for r in ranks if key in r]
+        if vals:
+            m[key] = sum(vals) / len(vals)
+    return m
 
 
 class Trainer:
-    def __init__(self, policy, params: Params, method: ResolvedMethod, seed: int, prompts: list[dict], reward):
+    def __init__(self, policy: MARPolicy, params: Params, method: ResolvedMethod, seed: int,
+                 prompts: list[dict], reward, world: World | None = None):
         self.policy, self.params, self.method, self.tcfg = policy, params, method, params.train
         self.prompts, self.reward, self.seed = prompts, reward, seed
-        self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.tcfg.beta_kl > 0 else None
+        by_purpose: dict[str, list[int]] = {}
+        for i, m in enumerate(prompts):
+            by_purpose.setdefault(m.get("tag") or m.get("category") or "", []).append(i)
+        self.strata = [by_purpose[k] for k in sorted(by_purpose)]  # prompt indices per purpose
+        self.world = world or current()
+        check_shardable(self.tcfg.prompts_per_step, self.world.size)
+        self.device = next(policy.parameters()).device
+        self.world.broadcast_params(list(policy.parameters()))  # every rank starts from rank 0's weights
         self.ar_params = list(policy.ar_parameters())
         self.head_params = list(policy.head_parameters())
         for p in self.head_params:
             p.requires_grad_(not method.freeze_head)
-        trainable = self.ar_params + ([] if method.freeze_head else self.head_params)
+        self.trained = self.ar_params + ([] if method.freeze_head else self.head_params)
+        trained_ids = {id(p) for p in self.trained}
+        self.trained_names = [n for n, p in policy.named_parameters() if id(p) in trained_ids]
+        # The KL reference copies only the trained parameters; frozen ones (the head, a text
+        # encoder, a VAE) are shared with the policy through the deepcopy memo.
+        self.ref = None
+        if self.tcfg.beta_kl > 0:
+            shared = {id(p): p for p in policy.parameters() if id(p) not in trained_ids}
+            self.ref = copy.deepcopy(policy, dict(shared)).eval()
+            for p in self.ref.parameters():
+                if id(p) not in shared:
+                    p.requires_grad_(False)
         t = self.tcfg
-        self.opt = torch.optim.AdamW(trainable, lr=method.lr or t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        self.opt = torch.optim.AdamW(self.trained, lr=method.lr or t.lr, betas=tuple(t.adam_betas),
+                                     weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t))
         self.gens = {name: torch.Generator().manual_seed(seed * 1000 + k) for k, name in enumerate(GENERATORS)}
         self.step = 0
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
+        self.best = {"step": -1, "score": -math.inf}  # best held-out score so far (rl/loop.py)
+
+    @classmethod
+    def from_params(cls, params: Params, method: str, seed: int, prompts: list[dict], *,
+                    policy: MARPolicy | None = None, reward=None, checkpoint: str | None = None) -> "Trainer":
+        """The one way the pipeline, scripts and tests build a trainer: the policy loaded
+        from `checkpoint` (default model.checkpoint) unless given, the reward from
+        params.rewards unless given, torch's global seed set to `seed` for anything
+        outside the trainer's own generators."""
+        from margrpo.models.loading import load_model
+        from margrpo.rewards.base import build_weighted_reward
+
+        resolved = params.method(method)
+        torch.manual_seed(seed)
+        policy = policy if policy is not None else load_model(checkpoint or params.model.checkpoint, params)
+        reward = reward if reward is not None else build_weighted_reward(params.reward_specs())
+        return cls(policy, params, resolved, seed, prompts, reward)
 
     # ---- checkpoints ----------------------------------------------------------------
     def state(self) -> dict:
         return {
             "step": self.step,
-            "policy": self.policy.state_dict(),
+            # Only what training changes: a checkpoint of a 0.6 B model with a frozen text
+            # encoder and VAE holds the transformer alone.
+            "policy": {n: p.detach().clone() for n, p in self.policy.named_parameters() if n in self.trained_names},
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "generators": {k: g.get_state() for k, g in self.gens.items()},
             "nonfinite": (self.nonfinite_in_row, self.nonfinite_total),
+            "best": dict(self.best),
         }
 
     def load_state(self, s: dict) -> None:
         self.step = s["step"]
-        self.policy.load_state_dict(s["policy"])
+        if sorted(s["policy"]) != sorted(self.trained_names):
+            raise ValueError("this checkpoint was written for other trained parameters (another method or "
+                             "model); delete it to restart the run")
+        params = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for n, v in s["policy"].items():
+                params[n].copy_(v)
         self.opt.load_state_dict(s["optimizer"])
         self.sched.load_state_dict(s["scheduler"])
         for k, g in self.gens.items():
             g.set_state(s["generators"][k])
         self.nonfinite_in_row, self.nonfinite_total = s["nonfinite"]
+        self.best = dict(s["best"])
 
-    # ---- one step -------------------------------------------------------------------
+    # ---- one batch ------------------------------------------------------------------
     def sample_batch(self) -> tuple[list[dict], torch.Tensor]:
-        t = self.tcfg
-        pick = torch.randint(len(self.prompts), (t.prompts_per_step,), generator=self.gens["data"]).tolist()
+        """The global batch: prompt metadata [B] (each prompt group_size times) and group ids [B].
+
+        Stratified by purpose (a prompt's GenEval tag, else its T2I-CompBench category; one
+        stratum for prompts with neither): the strata are visited in a fresh random order
+        each step, one uniformly drawn prompt each, cycling when prompts_per_step exceeds
+        their number. Every batch then mixes the purposes alike, so the mean training
+        reward of a step moves with the policy, not with which purposes the draw hit.
+        """
+        t, g = self.tcfg, self.gens["data"]
+        order = torch.randperm(len(self.strata), generator=g).tolist()
+        pick = []
+        for k in range(t.prompts_per_step):
+            stratum = self.strata[order[k % len(order)]]
+            pick.append(stratum[int(torch.randint(len(stratum), (1,), generator=g))])
         metas = [self.prompts[i] for i in pick for _ in range(t.group_size)]
-        groups = torch.arange(t.prompts_per_step).repeat_interleave(t.group_size)
+        groups = torch.arange(t.prompts_per_step, device=self.device).repeat_interleave(t.group_size)
         return metas, groups
 
     def plan_steps(self) -> tuple[list[int], list[torch.Tensor]]:
+        """AR steps in the loss (loss_ar_steps of them; all by default) and, per AR step, the
+        head transitions in the loss, drawn from the loss_head_window noisiest ones: the
+        score of a late, low-noise transition scales like 1/std and carries little of the
+        reward (colour and shape are decided early), so it mostly adds variance."""
         k_ar, t_head = self.policy.num_ar_steps, self.policy.sampler.num_steps
-        # Head transitions eligible for the loss: the first loss_head_window (noisiest) ones.
-        # The score of a late, low-noise transition scales like 1/std and carries little of
-        # the reward (colour and shape are decided early), so it mostly adds variance.
         t_head = min(t_head, self.tcfg.loss_head_window or t_head)
+        n_ar = min(k_ar, self.tcfg.loss_ar_steps or k_ar)
         g = self.gens["plan"]
-        ar = sorted(torch.randperm(k_ar, generator=g)[: self.tcfg.loss_ar_steps].tolist())
+        ar = sorted(torch.randperm(k_ar, generator=g)[:n_ar].tolist())
         heads = [torch.randperm(t_head, generator=g)[: self.tcfg.loss_head_steps].sort().values for _ in ar]
         return ar, heads
 
-    def compute_grads(self, rollout, plans, adv, image_weight=None) -> dict[str, float]:
-        self.opt.zero_grad(set_to_none=True)
-        return loss_backward(self.policy, self.ref, rollout, plans, adv, self.tcfg, image_weight)
-
     def collect(self) -> Batch:
-        """One batch's rollout, rewards, advantages and loss plan, drawn from the trainer's
-        generators."""
+        """One batch's rollout, rewards, advantages and loss plan, from the trainer's generators."""
         t0 = time.time()
         metas, groups = self.sample_batch()
+        seeds = draw_seeds(self.gens["rollout"], len(metas))  # [B global], the same on every rank
         ar_steps, head_steps = self.plan_steps()
         spec = speculative_steps_needed(self.method, ar_steps)
+        mine = self.world.shard(len(metas))  # whole groups (check_shardable)
+        metas, groups = metas[mine], groups[mine]
         self.policy.eval()
-        rollout = self.policy.rollout([m["prompt"] for m in metas], generator=self.gens["rollout"], speculative_steps=spec)
+        rollout = self.policy.rollout([m["prompt"] for m in metas], seeds=seeds[mine], speculative_steps=spec)
         t_roll = time.time() - t0
-        rewards = self.reward(rollout.images, rollout.prompts, metas).float()
+        # The reward scores CPU images (the world's pixel evaluator); rewards, advantages
+        # and the loss are float32 on the policy's device.
+        rewards = self.reward(rollout.images.cpu(), rollout.prompts, metas).float().to(self.device)
         adv = group_advantages(rewards, groups)
-        plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode, self.gens["mte"])
-        return Batch(groups, ar_steps, head_steps, rollout, rewards, adv, plans, t_roll)
+        plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
+        return Batch(groups, rollout, rewards, adv, plans, t_roll)
 
+    def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
+                      plans: list[StepPlan] | None = None, adv: torch.Tensor | None = None) -> dict[str, float]:
+        """Zero the gradients and backpropagate the loss of `batch` (optionally restricted
+        to the images with image_weight 1, normalised by their number). Over ranks: the
+        image count is global and the gradients are summed, so every rank ends with the
+        gradient of the global batch; loss/* are summed, diag/* averaged over ranks."""
+        plans = batch.plans if plans is None else plans
+        [n_images] = self.world.sum([float(batch.adv.numel() if image_weight is None else image_weight.sum())])
+        self.opt.zero_grad(set_to_none=True)
+        stats = loss_backward(self.policy, self.ref, batch.rollout, plans, batch.adv if adv is None else adv,
+                              self.tcfg, max(n_images, 1.0) * max(transition_slots(plans), 1), image_weight)
+        self.world.all_reduce_grads(self.trained)
+        keys = sorted(stats)
+        total = dict(zip(keys, self.world.sum([stats[k] for k in keys])))
+        return {k: v if k.startswith("loss/") else v / self.world.size for k, v in total.items()}
+
+    # ---- one step, top to bottom ----------------------------------------------------
     def train_step(self) -> dict[str, float]:
         t0 = time.time()
-        groups, ar_steps, head_steps, rollout, rewards, adv, plans, t_roll = self.collect()
-        m: dict[str, float] = {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item(),
-            "reward/min": rewards.min().item(),
-            "reward/max": rewards.max().item(),
-            "adv/zero_std_frac": float(zero_std_fraction(rewards, groups)),
-            "time/rollout": t_roll,
-        }
-        for key in ("select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean"):
-            vals = [p.stats[key] for p in plans if key in p.stats]
-            if vals:
-                m[key] = sum(vals) / len(vals)
-        probe_due = self.tcfg.grad_probe_every and self.step % self.tcfg.grad_probe_every == 0
-        if probe_due:
-            m.update(self.grad_probe(rollout, ar_steps, head_steps, adv, groups, plans))
-        skipped = 0.0
+        batch = self.collect()
+        metrics = batch_metrics(batch, self.world)
+        if self.tcfg.grad_probe_every and self.step % self.tcfg.grad_probe_every == 0:
+            metrics.update(self.grad_probe(batch))
+        skipped = False
         for _ in range(self.tcfg.inner_epochs):
-            stats = self.compute_grads(rollout, plans, adv)
-            g_ar, g_head = grad_norm(self.ar_params), grad_norm(self.head_params)
-            finite = all(math.isfinite(v) for v in (stats["loss/policy"], stats["loss/kl"], g_ar, g_head))
-            if not finite:
-                skipped = 1.0
+            stats = self.compute_grads(batch)
+            norms = {"diag/grad_norm_ar": grad_norm(self.ar_params), "diag/grad_norm_head": grad_norm(self.head_params)}
+            if not all(math.isfinite(v) for v in (stats["loss/policy"], stats["loss/kl"], *norms.values())):
+                skipped = True  # leave the weights alone; rl/loop.py stops after a few in a row
                 self.opt.zero_grad(set_to_none=True)
                 break
-            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.tcfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.trained, self.tcfg.grad_clip)
             self.opt.step()
         self.sched.step()
         self.step += 1
-        if skipped:
-            self.nonfinite_in_row += 1
-            self.nonfinite_total += 1
-        else:
-            self.nonfinite_in_row = 0
-        m.update(stats)
-        m.update({
-            "diag/grad_norm_ar": g_ar,
-            "diag/grad_norm_head": g_head,
-            "diag/lr": self.sched.get_last_lr()[0],
-            "diag/nonfinite_skipped": float(self.nonfinite_total),
-            "time/step": time.time() - t0,
-        })
-        self.last_rollout, self.last_plans = rollout, plans
-        return m
+        self.nonfinite_in_row = self.nonfinite_in_row + 1 if skipped else 0
+        self.nonfinite_total += int(skipped)
+        metrics.update(stats)
+        metrics.update(norms)
+        metrics.update({"diag/lr": self.sched.get_last_lr()[0], "diag/nonfinite_skipped": float(self.nonfinite_total),
+                        "time/step": time.time() - t0})
+        self.last_batch = batch
+        return metrics
 
-    def grad_probe(self, rollout, ar_steps, head_steps, adv, groups, plans) -> dict[str, float]:
-        """Gradient-variance probe (method.md §6 claim 3) on this rollout, before the update.
+    def weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.policy.parameters())
 
-        - probe/cos_draws: cosine of two AR gradients from independent MTE draws.
-        - probe/cos_halves: cosine of the gradients from the two halves of every group.
-        - probe/var_ratio_vs_single: noise variance |g_a - g_b|^2 / 2 over group halves for
-          this method divided by the same for the `single` estimator (< 1: less variance).
+    # ---- diagnostics ----------------------------------------------------------------
+    def grad_probe(self, batch: Batch) -> dict[str, float]:
+        """Gradient signal-to-noise on this batch, before the update (gradprobe docstring).
+
+        - probe/snr, probe/cos_groups: the two halves of the GROUPS (prompts), each an
+          independent unbiased estimate; snr = g_a . g_b / (|g_a - g_b|^2 / 2).
+        - probe/cos_draws (MTE estimators): cosine of two gradients from independent draws.
+        - probe/var_ratio_vs_single (MTE estimators): this method's half-batch noise over that
+          of the `single` estimator on the same rollout and tokens (< 1: less noise).
+        - probe/snr_committed (committed+speculative scope): the same snr with the committed
+          tokens alone; probe/snr_unfiltered (with the consistency filter): with every
+          speculative token. The same rollouts, so the three differ only in the loss tokens.
         """
-        cfg_mode = self.tcfg.cfg_mode
-        half = (torch.arange(len(groups)) % self.tcfg.group_size) < self.tcfg.group_size // 2
+        half = group_halves(batch.groups, self.tcfg.prompts_per_step)  # halves of the global groups
 
-        def grad_of(plans_, weight=None):
-            self.compute_grads(rollout, plans_, adv, weight)
+        def grad_of(weight=None, plans=None):
+            self.compute_grads(batch, weight, plans)
             return flat_grad([p.grad for p in self.ar_params], self.ar_params)
 
-        out: dict[str, float] = {}
-        g1 = grad_of(plans)
+        halves = pair_stats(grad_of(half), grad_of(~half))
+        out = {"probe/snr": halves["snr"], "probe/cos_groups": halves["cosine"],
+               "probe/signal": halves["signal"], "probe/noise": halves["noise_var"]}
         if self.method.estimator != "single":
-            probe_gen = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gens["mte"])))
-            alt = prepare(self.policy, rollout, ar_steps, head_steps, self.method, cfg_mode, probe_gen)
-            out["probe/cos_draws"] = pair_stats(g1, grad_of(alt))["cosine"]
-        halves = pair_stats(grad_of(plans, half), grad_of(plans, ~half))
-        out["probe/cos_halves"] = halves["cosine"]
-        out["probe/noise_var"] = halves["noise_var"]
-        single = self.method.model_copy(update={"estimator": "single", "topk": False})
-        sp = prepare(self.policy, rollout, ar_steps, head_steps, single, cfg_mode, torch.Generator().manual_seed(0))
-        ref_stats = pair_stats(grad_of(sp, half), grad_of(sp, ~half))
-        out["probe/var_ratio_vs_single"] = variance_ratio(halves, ref_stats)
+            ar_steps = [p.index for p in batch.plans]
+            head_steps = [p.head_steps for p in batch.plans]
+            cfg_mode = self.tcfg.cfg_mode
+            # draw 1: the same images' chains on independent streams (the batch used draw 0)
+            alt = prepare(self.policy, batch.rollout, ar_steps, head_steps, self.method, cfg_mode, draw=1)
+            out["probe/cos_draws"] = pair_stats(grad_of(), grad_of(plans=alt))["cosine"]
+            single = self.method.model_copy(update={"estimator": "single", "topk": False})
+            sp = prepare(self.policy, batch.rollout, ar_steps, head_steps, single, cfg_mode)
+            ref_stats = pair_stats(grad_of(half, sp), grad_of(~half, sp))
+            out["probe/var_ratio_vs_single"] = variance_ratio(halves, ref_stats)
+        if self.method.token_scope == "committed+speculative":
+            variants = {"probe/snr_committed": [dataclasses.replace(p, mask=_committed_only(p)) for p in batch.plans]}
+            if self.method.consistency:
+                unfiltered = self.method.model_copy(update={"consistency": False})
+                variants["probe/snr_unfiltered"] = prepare(
+                    self.policy, batch.rollout, [p.index for p in batch.plans], [p.head_steps for p in batch.plans],
+                    unfiltered, self.tcfg.cfg_mode)
+            for key, plans in variants.items():
+                out[key] = pair_stats(grad_of(half, plans), grad_of(~half, plans))["snr"]
         self.opt.zero_grad(set_to_none=True)
         return out
 
 
-def train(
-    params: Params,
-    method: str,
-    seed: int,
-    out_dir: Path,
-    *,
-    base_checkpoint: Path,
-    train_prompts: list[dict],
-    log: Callable[[int, dict[str, float]], None] | None = None,
-    progress: bool = True,
-) -> Path:
-    """Train one (method, seed); resumes from out_dir/ckpt.pt. Returns out_dir/final."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = params.method(method)
-    torch.manual_seed(seed)
-    policy: MARPolicy = load_model(base_checkpoint, params)
-    reward = build_weighted_reward(params.reward_specs())
-    tr = Trainer(policy, params, resolved, seed, train_prompts, reward)
-    ckpt, hist_path = out_dir / "ckpt.pt", out_dir / "history.jsonl"
-    if ckpt.exists():
-        tr.load_state(torch.load(ckpt, weights_only=False))
-        # Drop history lines written after the checkpoint (the killed tail is redone).
-        if hist_path.exists():
-            lines = [l for l in hist_path.read_text().splitlines() if l and json.loads(l)["step"] <= tr.step]
-            hist_path.write_text("".join(l + "\n" for l in lines))
-    elif hist_path.exists():
-        hist_path.unlink()
-    t = params.train
-    bar = tqdm(total=t.steps, initial=tr.step, desc=f"train {method} seed {seed}", disable=not progress)
-    with open(hist_path, "a") as hist:
-        while tr.step < t.steps:
-            metrics = tr.train_step()
-            if tr.nonfinite_in_row >= t.max_nonfinite_in_row:
-                raise NonFiniteError(
-                    f"{tr.nonfinite_in_row} steps in a row had a non-finite loss or gradient (step {tr.step}); "
-                    f"the last good checkpoint is {ckpt}. Lower train.lr or raise train.grad_clip."
-                )
-            hist.write(json.dumps({"step": tr.step, **metrics}) + "\n")
-            hist.flush()
-            if log is not None:
-                log(tr.step, metrics)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
-            if tr.step % t.checkpoint_every == 0 or tr.step == t.steps:
-                _atomic_save(tr.state(), ckpt)
-    bar.close()
-    if getattr(tr, "last_plans", None) is not None:
-        _save_selection_examples(tr, out_dir / "selection_examples.pt")
-    final = out_dir / "final"
-    policy.save_pretrained(final)
-    return final
-
-
-def _save_selection_examples(tr: Trainer, path: Path, n_images: int = 4) -> None:
-    """Uncertainty / selection maps of the last rollout for the report (a few images)."""
-    ro, plans = tr.last_rollout, tr.last_plans
-    n_tok = ro.tokens.shape[1]
-    ex = {"images": ro.images[:n_images], "prompts": ro.prompts[:n_images], "steps": []}
-    for p in plans:
-        loss_map = torch.zeros(ro.batch_size, n_tok)
-        loss_map.scatter_(1, p.positions, p.mask.float())
-        sel_map = torch.zeros(ro.batch_size * p.positions.shape[1])
-        if p.draw is not None and p.draw.rows.numel():
-            sel_map[p.draw.rows] = 1.0
-        sel = torch.zeros(ro.batch_size, n_tok).scatter_(1, p.positions, sel_map.view(ro.batch_size, -1))
-        ex["steps"].append({"ar_step": p.index, "loss_tokens": loss_map[:n_images], "selected": sel[:n_images]})
-    torch.save(ex, path)
+def _committed_only(plan: StepPlan) -> torch.Tensor:
+    """The plan's loss-token mask without its speculative columns."""
+    mask = plan.mask.clone()
+    mask[:, plan.n_committed:] = False
+    return mask

@@ -25,13 +25,11 @@ import torch
 from scipy import ndimage
 
 from margrpo.eval.detections import Detection
-from margrpo.world.grammar import COLORS, SHAPES
-from margrpo.world.render import SIZE_FRACTION, STRIPE_DARKNESS, check_size
+from margrpo.world.grammar import SHAPES
+from margrpo.world.render import COLOR_NAMES, COLOR_TABLE, SIZE_FRACTION, STRIPE_DARKNESS, check_size
 
-_COLOR_NAMES = tuple(COLORS)
-_RGB = np.array([COLORS[c] for c in _COLOR_NAMES], dtype=np.float32)          # [5, 3]
 # Directions of (1 - rgb) for the 5 colours, then their dark stripe shades: [10, 3].
-_PROTO = np.concatenate([1.0 - _RGB, 1.0 - STRIPE_DARKNESS * _RGB], 0)
+_PROTO = np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS * COLOR_TABLE], 0)
 _PROTO /= np.linalg.norm(_PROTO, axis=1, keepdims=True)
 # Shape prototypes in (fill ratio, mean relative height of mass), measured on clean and
 # blurred renders at 32 px; order follows SHAPES.
@@ -152,9 +150,5 @@ class WorldDetector:
         energy = float(2 * np.abs(frac - frac.mean()).mean()) if frac.size >= 3 else 0.0
         p_striped = 1.0 / (1.0 + np.exp(-(energy - self.stripe_energy) / 0.05))
         texture = "striped" if p_striped >= 0.5 else "solid"
-        return _COLOR_NAMES[c], color_p, texture, float(max(p_striped, 1 - p_striped))
+        return COLOR_NAMES[c], color_p, texture, float(max(p_striped, 1 - p_striped))
 
-
-def detect(images: torch.Tensor, image_size: int | None = None) -> list[list[Detection]]:
-    """Detections for a batch with the default detector settings."""
-    return WorldDetector(image_size or images.shape[-1])(images)

@@ -23,8 +23,13 @@ from margrpo.eval.t2i import t2i_score
 from margrpo.world.detect import WorldDetector
 
 
-def partial_score(meta: dict, detections: list[Detection], threshold: float = 0.3) -> float:
-    """Fraction in [0, 1] of the prompt's requirements satisfied (see module docstring)."""
+def partial_score(meta: dict, detections: list[Detection], threshold: float = 0.3,
+                  count_extras: bool = False) -> float:
+    """Fraction in [0, 1] of the prompt's requirements satisfied (see module docstring).
+
+    count_extras: one more requirement, "nothing unrequested", worth 1 / (1 + n) with n the
+    confident detections not matched to any include clause (so every extra object lowers it).
+    """
     objects = group_detections(detections, threshold, max_per_class=16)
     parts: list[float] = []
     chosen: list[list[Detection]] = []
@@ -48,7 +53,21 @@ def partial_score(meta: dict, detections: list[Detection], threshold: float = 0.
             ok = bool(chosen[i]) and bool(chosen[target]) and all(
                 rel in relative_position(a, b) for a in chosen[i] for b in chosen[target])
             parts.append(float(ok))
+    if count_extras:
+        used = {id(d) for found in chosen for d in found}
+        extras = sum(1 for dets in objects.values() for d in dets if id(d) not in used)
+        parts.append(1.0 / (1.0 + extras))
     return sum(parts) / len(parts)
+
+
+def aligned_score(meta: dict, detections: list[Detection], correct: bool, threshold: float = 0.3) -> float:
+    """The training reward aligned with GenEval: (correct + partial with extras) / 2.
+
+    Its maximum, 1, needs a GenEval-correct image with nothing unrequested; a missing
+    object, a wrong attribute or count, a broken relation or an extra object lowers the
+    partial half even where the 0/1 half does not move, so groups keep a spread.
+    """
+    return 0.5 * float(correct) + 0.5 * partial_score(meta, detections, threshold, count_extras=True)
 
 
 class WorldEvaluator:
@@ -67,16 +86,20 @@ class WorldEvaluator:
         geneval = torch.full((n,), math.nan)
         t2i = torch.full((n,), math.nan)
         partial = torch.zeros(n)
+        aligned = torch.zeros(n)
         reasons = [""] * n
         for i, (meta, d) in enumerate(zip(metadata, dets)):
+            # GenEval's rules apply to every prompt's include / exclude / position clauses;
+            # the "geneval" score is reported only for prompts with a GenEval tag.
+            ok, reasons[i] = geneval_correct(meta, d, threshold=self.threshold,
+                                             counting_threshold=self.counting_threshold)
             if meta.get("tag"):
-                ok, reasons[i] = geneval_correct(meta, d, threshold=self.threshold,
-                                                 counting_threshold=self.counting_threshold)
                 geneval[i] = float(ok)
             if meta.get("category"):
                 t2i[i] = t2i_score(meta, d)
             partial[i] = partial_score(meta, d, self.threshold)
-        return {"geneval": geneval, "t2i": t2i, "partial": partial,
+            aligned[i] = aligned_score(meta, d, ok, self.threshold)
+        return {"geneval": geneval, "t2i": t2i, "partial": partial, "aligned": aligned,
                 "detections": dets, "reasons": reasons}
 
     @staticmethod

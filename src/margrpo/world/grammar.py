@@ -1,4 +1,4 @@
-"""The embedded world's language: vocabulary, attributes, prompt text <-> metadata, tokenizer.
+"""The embedded world's language: vocabulary, attributes, prompt text <-> metadata.
 
 A prompt is one of a few fixed sentence patterns over noun phrases
 ("a [size] [texture] [colour] shape" or "<number> shapes"), joined by "and" or by a
@@ -59,8 +59,9 @@ T2I_RELATIONS = {
 GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 T2I_CATEGORIES = ("color", "shape", "texture", "spatial", "complex", "numeracy")
 ATTRIBUTES = ("color", "texture", "size")
-ATTRIBUTE_VALUES = {"color": tuple(COLORS), "texture": TEXTURES, "size": SIZES}
 
+# The model's prompt vocabulary: pad and null (the CFG prompt) first, as
+# margrpo.models.tokenizer.WordTokenizer expects, then every word a prompt can use.
 PAD, NULL = "<pad>", "<null>"
 _WORDS = (
     ["a", "and", "on", "the", "of", "left", "right", "top", "bottom", "above", "below"]
@@ -68,29 +69,10 @@ _WORDS = (
     + list(SHAPES) + list(PLURALS.values())
 )
 VOCAB: list[str] = [PAD, NULL] + _WORDS
-PAD_ID, NULL_ID = 0, 1
 _WORD_ID = {w: i for i, w in enumerate(VOCAB)}
 _SINGULAR = {p: s for s, p in PLURALS.items()}
 _ADJ_KIND = {**{c: "color" for c in COLORS}, **{t: "texture" for t in TEXTURES},
              **{s: "size" for s in SIZES}}
-
-
-def tokenize(prompt: str, max_len: int = 16) -> list[int]:
-    """Word ids padded with PAD_ID to max_len. The empty prompt is the null (CFG) prompt:
-    [NULL_ID, PAD_ID, ...]."""
-    words = prompt.split()
-    if not words:
-        return [NULL_ID] + [PAD_ID] * (max_len - 1)
-    for w in words:
-        if w not in _WORD_ID or w in (PAD, NULL):
-            raise ValueError(f"unknown word {w!r} in prompt {prompt!r}; vocabulary: {_WORDS}")
-    if len(words) > max_len:
-        raise ValueError(f"prompt has {len(words)} words, more than max_len={max_len}: {prompt!r}")
-    return [_WORD_ID[w] for w in words] + [PAD_ID] * (max_len - len(words))
-
-
-def detokenize(ids: list[int]) -> str:
-    return " ".join(VOCAB[i] for i in ids if i not in (PAD_ID, NULL_ID))
 
 
 def phrase(req: dict[str, Any]) -> str:

@@ -1,11 +1,12 @@
-"""Prompt sets, train / held-out splits, JSONL I/O and scene sampling.
+"""Prompt sets, train / held-out splits and scene sampling (files: margrpo.jsonl).
 
 Splits are disjoint in combinations, not seeds: every purpose (GenEval tag or T2I
 category, see grammar.purpose_of) has a finite set of combinations (metadata without the
 prompt text). Each combination gets a stable SHA-256 hash of its canonical JSON; within its
-purpose the 20% with the lowest hashes (at least one) are held out. So a combination is
-in exactly one split on every machine and Python version, and small purposes
-(single_object has 3 combinations) still appear in both splits.
+purpose the 20% with the lowest hashes (at least one) are held out for validation, the
+next 20% (at least one) for the test split, and the rest are for training. So a
+combination is in exactly one split on every machine and Python version, and small
+purposes (single_object has 3 combinations) still appear in all three.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import itertools
 import json
 import math
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ HELDOUT_FRACTION = 0.2
 # color_attr prompts (same text, both labels), so balancing over PURPOSES gives every
 # tag and every category n_per_tag prompts.
 PURPOSES = GENEVAL_TAGS + tuple(c for c in T2I_CATEGORIES if c != "color")
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "heldout", "test")
 CORRUPTIONS = ("wrong_color", "wrong_shape", "wrong_count", "swapped_relation",
                "missing_object", "wrong_texture", "wrong_size")
 
@@ -109,10 +109,14 @@ def _enumerate(purpose: str) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=None)
 def _split_pools(purpose: str) -> dict[str, tuple[str, ...]]:
+    """heldout: the HELDOUT_FRACTION lowest hashes (validation during training, model
+    selection); test: the next HELDOUT_FRACTION (headline numbers only); train: the rest.
+    Each takes at least one combination, so single_object (3) has one of each."""
     metas = sorted(_enumerate(purpose), key=_hash)
     n_held = max(1, math.ceil(HELDOUT_FRACTION * len(metas)))
     as_json = [json.dumps(m) for m in metas]
-    return {"heldout": tuple(as_json[:n_held]), "train": tuple(as_json[n_held:])}
+    return {"heldout": tuple(as_json[:n_held]), "test": tuple(as_json[n_held:2 * n_held]),
+            "train": tuple(as_json[2 * n_held:])}
 
 
 def combinations(purpose: str, split: str) -> list[dict[str, Any]]:
@@ -150,18 +154,6 @@ def make_prompt_set(split: str, n_per_tag: int, seed: int) -> list[dict[str, Any
             picks += torch.randperm(len(pool), generator=gen).tolist()
         out += [dict(pool[i]) for i in picks[:n_per_tag]]
     return out
-
-
-def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # ---------------------------------------------------------------- scene sampling

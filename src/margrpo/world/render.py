@@ -20,8 +20,8 @@ from margrpo.world.grammar import COLORS, SHAPES
 
 SIZE_FRACTION = {"small": 0.55, "large": 0.80}
 STRIPE_DARKNESS = 0.45
-_COLOR_NAMES = tuple(COLORS)
-_COLOR_TABLE = np.array([COLORS[c] for c in _COLOR_NAMES], dtype=np.float32)  # [5, 3]
+COLOR_NAMES = tuple(COLORS)
+COLOR_TABLE = np.array([COLORS[c] for c in COLOR_NAMES], dtype=np.float32)  # [5, 3] RGB in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def render(scenes: list[Scene], size: int = 32) -> torch.Tensor:
         cx = np.array([cell / 2 + o.jitter[1] for _, o in objs], dtype=np.float32) + offset
         r = d / 2
         shape = np.array([SHAPES.index(o.shape) for _, o in objs])
-        color = _COLOR_TABLE[[_COLOR_NAMES.index(o.color) for _, o in objs]]    # [O, 3]
+        color = COLOR_TABLE[[COLOR_NAMES.index(o.color) for _, o in objs]]    # [O, 3]
         striped = np.array([o.texture == "striped" for _, o in objs])
 
         grid = np.arange(cell, dtype=np.float32) + 0.5   # pixel centres within a cell

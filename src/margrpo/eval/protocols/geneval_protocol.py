@@ -15,14 +15,33 @@ from pathlib import Path
 from typing import Any
 
 from margrpo.eval.detections import Detection
+from margrpo.jsonl import read_jsonl, write_jsonl
 
 LABEL = "protocol re-implementation (not the official GenEval scorer)"
 COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white"]
-DATA = Path(__file__).resolve().parents[4] / "data" / "geneval"
+
+
+def data_dir(name: str = "geneval") -> Path:
+    """data/<name> of a margrpo checkout: the working directory's, else the checkout this
+    package runs from (an editable install). An installed wheel carries no data/, so pass
+    the file paths explicitly there (load_class_names(path), run_geneval(class_names=))."""
+    here = Path(__file__).resolve()
+    candidates = [Path.cwd() / "data" / name] + [p / "data" / name for p in here.parents
+                                                 if (p / "pyproject.toml").is_file()]
+    for folder in candidates:
+        if folder.is_dir():
+            return folder
+    raise FileNotFoundError(
+        f"data/{name} not found (looked in {', '.join(str(c) for c in candidates)}); run from a "
+        "margrpo checkout, or pass the file explicitly (e.g. load_class_names(<object_names.txt>))")
 
 
 def load_class_names(path: str | Path | None = None) -> list[str]:
-    return [l.strip() for l in Path(path or DATA / "object_names.txt").read_text().splitlines() if l.strip()]
+    """GenEval's 80 COCO class names, one per line (default: data/geneval/object_names.txt)."""
+    path = Path(path) if path else data_dir("geneval") / "object_names.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: GenEval class-name list not found; pass its path")
+    return [l.strip() for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
 
 
 def add_colors(image, meta: dict, detections: list[Detection], scorer) -> list[Detection]:
@@ -74,14 +93,12 @@ def run_geneval(image_root: str | Path, out_dir: str | Path, detector, color_sco
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for folder in sorted(p for p in Path(image_root).iterdir() if p.is_dir()):
-        meta = json.loads((folder / "metadata.jsonl").read_text().splitlines()[0])
+        meta = read_jsonl(folder / "metadata.jsonl")[0]
         for png in sorted((folder / "samples").glob("*.png")):
             image = Image.open(png).convert("RGB")
             correct, reason, dets = score_image(image, meta, detector, color_scorer, class_names, **rule_kwargs)
             rows.append(result_row(str(png), meta, correct, reason, dets))
-    with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    write_jsonl(rows, out_dir / "results.jsonl")
     summary = {"label": LABEL, "n_images": len(rows), **geneval_summary(rows)}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -25,14 +25,16 @@ import json
 import re
 from pathlib import Path
 
+from margrpo.eval import t2i
+from margrpo.eval.t2i import NUMBER_WORDS
+
 LABEL = "protocol re-implementation (not the official T2I-CompBench scorer)"
 ANNOTATION_DIR = {"color": "annotation_blip", "shape": "annotation_blip", "texture": "annotation_blip",
                   "spatial": "annotation_obj_detection_2d", "numeracy": "annotation_num",
                   "non_spatial": "annotation_clip", "complex": "annotation_3_in_1",
                   "3d_spatial": "annotation_obj_detection_3d"}
 RELATIONS = {"left": "left of", "right": "right of", "top": "above", "bottom": "below"}
-NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-           "eight": 8, "nine": 9, "ten": 10, "a": 1, "an": 1}
+NUMBERS = {"a": 1, "an": 1, "one": 1, **{word: n for n, word in NUMBER_WORDS.items()}}
 SPATIAL_RE = re.compile(r"^(?P<a>.+?) on (?:the )?(?P<rel>left|right|top|bottom) of (?P<b>.+)$")
 SPATIAL_3D_RE = re.compile(r"^(?P<a>.+?) (?P<rel>in front of|behind|hidden by) (?P<b>.+)$")
 
@@ -100,8 +102,6 @@ def parse_numeracy(prompt: str) -> dict:
 def score_prompt(category: str, prompt: str, image, vqa=None, detector=None, clip=None,
                  depth=None) -> float | None:
     """One image's score in [0, 1] (None when the prompt has no parse for its rule)."""
-    from margrpo.eval import t2i
-
     if category in ("color", "shape", "texture"):
         return t2i.vqa_product(vqa.p_yes(image, [f"{p}?" for p in split_phrases(prompt)]))
     if category == "non_spatial":

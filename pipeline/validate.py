@@ -1,0 +1,205 @@
+"""Stage validate: the guard that runs before every other stage, in seconds.
+
+`python -m pipeline.validate` (also by hand). DVC deletes a stage's non-persistent outputs
+just before running it, so a bad value must be refused before any other stage starts:
+every stage depends on this stage's stamp (reports/validated.txt), the stage is
+`always_changed`, and it imports neither Prefect nor torch. It checks
+- params.yaml with margrpo.config.load_params (types, ranges, unknown keys,
+  cross-field rules, reward names and keys, a complete model.checkpoint);
+- that dvc.yaml has a train@ and an evaluate@ stage for exactly the methods in params.yaml;
+- that the training checkpoints the retraining methods would resume from are complete (a
+  truncated ckpt.pt otherwise fails every rerun until deleted by hand).
+On success it prints what this run will retrain and about how long that takes (from the
+committed study's measured step times) and rewrites the stamp with the same bytes, so no
+stage downstream reruns because of it. On failure it prints the problems in a few lines and
+exits 2; under a workspace `dvc exp run -S ...` it first puts the overridden keys of
+params.yaml back (DVC leaves them in the workspace otherwise; see pipeline/restore.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from pipeline import common, proc
+
+STAMP = Path("reports/validated.txt")
+STAMP_TEXT = "params.yaml passed pipeline/validate.py (every stage depends on this file, so the check runs first)\n"
+# Seconds a stage spends before its work (imports, Prefect's temporary server, MLflow), on 2
+# busy cores: 12-45 s measured on tiny params.
+STAGE_START_S = 25
+# Under this guard `dvc repro pretrain_base` needs the folder to exist: an empty folder is the
+# explicit request for a new base (a missing one is a typo until proven otherwise).
+NEW_BASE_HINT = "  to pretrain a new base model at {path} instead: mkdir -p {path} && dvc repro pretrain_base"
+
+
+def _stages(dvc_yaml: dict, name: str) -> set[str]:
+    stage = dvc_yaml.get("stages", {}).get(name, {})
+    foreach = stage.get("foreach") if isinstance(stage, dict) else None
+    return set(foreach) if isinstance(foreach, dict) else set()
+
+
+def check_dvc_yaml(params, path: Path = Path("dvc.yaml")) -> list[str]:
+    """Methods in params.yaml and the train@ / evaluate@ stages of dvc.yaml must agree."""
+    stages = yaml.safe_load(path.read_text()) or {}
+    methods = set(params.methods)
+    train, evaluate = _stages(stages, "train"), _stages(stages, "evaluate") - set(common.EVAL_TARGETS)
+    problems = []
+    for name in sorted(methods - train):
+        problems.append(f"methods.{name} is in params.yaml but dvc.yaml has no train@{name}: add `{name}:` to the "
+                        f"foreach of stages train and evaluate in dvc.yaml (see the grpo entries)")
+    for name in sorted(methods - evaluate - (methods - train)):
+        problems.append(f"methods.{name}: dvc.yaml has train@{name} but no evaluate@{name}: add it to the evaluate foreach")
+    for name in sorted((train | evaluate) - methods):
+        problems.append(f"dvc.yaml trains or evaluates {name!r}, which is not under `methods:` in params.yaml: "
+                        f"add it there or remove it from dvc.yaml")
+    return problems
+
+
+def check_resume_checkpoints(params, methods: list[str]) -> list[str]:
+    """The ckpt.pt files that the training of `methods` would resume from must be whole zip
+    files (torch.save's format): a truncated one fails torch.load with a bare OSError."""
+    from margrpo.checkfiles import CorruptFileError, check_torch_zip
+
+    if not common.TRAIN_PROMPTS.exists() or not any(Path(params.model.checkpoint).iterdir()):
+        return []
+    problems = []
+    for method in methods:
+        for seed in params.train.seeds:
+            ckpt = common.checkpoint_dir(params, method, seed) / "ckpt.pt"
+            if ckpt.exists():
+                try:
+                    check_torch_zip(ckpt, f"move it aside to restart seed {seed} of {method} from step 0: "
+                                          f"mv {ckpt} {ckpt}.damaged")
+                except CorruptFileError as err:
+                    problems.append(f"train@{method}: {err}")
+    return problems
+
+
+def _lock_params(lock: dict, stage: str) -> dict | None:
+    entry = lock.get("stages", {}).get(stage)
+    return None if entry is None else entry.get("params", {}).get("params.yaml", {})
+
+
+def _dotted(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def to_retrain(params, raw: dict) -> list[str]:
+    """Methods whose training reruns: trained model missing from the workspace (a fresh
+    clone: models are DVC-cached and the repo has no DVC remote) or params changed since
+    dvc.lock. Code changes are DVC's to see, not ours."""
+    lock = yaml.safe_load(Path("dvc.lock").read_text()) if Path("dvc.lock").exists() else {}
+    out = []
+    for method in params.methods:
+        missing = any(not (common.trained_model_dir(method, s) / "final").exists() for s in params.train.seeds)
+        locked = _lock_params(lock, f"train@{method}")
+        changed = locked is None or any(_dotted(raw, k) != v for k, v in locked.items())
+        if missing or changed:
+            out.append(method)
+    return out
+
+
+def _lines(path) -> int:
+    return sum(1 for _ in open(path)) if path.exists() else 0
+
+
+def _tagged(path) -> int:
+    return sum(1 for line in open(path) if json.loads(line).get("tag")) if path.exists() else 0
+
+
+def estimate_minutes(params, methods: list[str]) -> float | None:
+    """Training + evaluation time of `methods` and the report, from the committed study's
+    measured step and evaluation times (reports/train|eval/<method>/metrics.json) on this
+    machine class, plus each stage's start-up (imports, Prefect's server, MLflow)."""
+    total = STAGE_START_S * (2 * len(methods) + 1)
+    for m in methods:
+        try:
+            train = json.loads((common.REPORTS / "train" / m / "metrics.json").read_text())
+            ev = json.loads((common.REPORTS / "eval" / m / "metrics.json").read_text())
+        except (OSError, ValueError):
+            return None
+        step_s = train["final_window"]["mean"].get("time/step")
+        if step_s is None:
+            return None
+        t, seeds = params.train, len(params.train.seeds)
+        total += step_s * t.steps * seeds
+        per_image = ev.get("time/eval_s", 0.0) / max(1, ev.get("images", 1))
+        # evaluate@<method>: the final and the best checkpoint of each seed on the test split
+        total += per_image * _lines(common.TEST_PROMPTS) * params.evaluate.images_per_prompt * seeds * 2
+        # in-training evaluations (step 0, every eval_every steps, the last step) of the
+        # held-out GenEval-tag prompts
+        if t.eval_every > 0:
+            evals = 1 + t.steps // t.eval_every + (t.steps % t.eval_every > 0)
+            total += per_image * _tagged(common.HELDOUT_PROMPTS) * t.eval_images_per_prompt * evals * seeds
+    return total / 60
+
+
+def plan(params, raw: dict, text: str) -> str:
+    from margrpo.tracking.runs import params_hash
+
+    head = f"validate: params.yaml OK (params {params_hash(text)}, {common.exp_name()})"
+    methods = to_retrain(params, raw)
+    if not methods:
+        return f"{head}; every method's trained model is in place: only stages whose inputs changed rerun"
+    minutes = estimate_minutes(params, methods)
+    t = params.train
+    cost = f"about {minutes:.0f} min on 2 CPU cores" if minutes is not None else "time unknown (no measured step times)"
+    return (f"{head}; retrains {', '.join(methods)} ({len(t.seeds)} seed(s) x {t.steps} steps each): {cost} "
+            f"for their training and evaluation. A trained model is missing on a fresh clone (DVC cache, no remote). "
+            f"For a short run that leaves this workspace alone: python -m pipeline.quick")
+
+
+def problems_of(path: Path) -> tuple[list[str], object, dict]:
+    """(problems, Params or None, the raw params tree)."""
+    from margrpo.config import ParamsError, load_params
+
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        return [f"{path} is not valid YAML: {err}"], None, {}
+    # An empty model.checkpoint folder asks for a new base there: pretrain_base will fill it.
+    ckpt = Path(str((raw.get("model") or {}).get("checkpoint", "")) or ".")
+    new_base = ckpt.is_dir() and not any(ckpt.iterdir())
+    try:
+        params = load_params(path, require_checkpoint=not new_base)
+    except ParamsError as err:
+        hint = [NEW_BASE_HINT.format(path=ckpt)] if "model.checkpoint" in str(err) and not ckpt.exists() else []
+        return [str(err), *hint], None, raw
+    problems = check_dvc_yaml(params)
+    problems += check_resume_checkpoints(params, to_retrain(params, raw)) if not problems else []
+    return problems, params, raw
+
+
+def main() -> None:
+    t0 = time.time()
+    proc.hold_repo_lock()
+    path = common.PARAMS_FILE
+    if not path.exists():
+        sys.stderr.write("validate: params.yaml not found; run from the repository root\n")
+        sys.exit(2)
+    text = path.read_text()
+    problems, params, raw = problems_of(path)
+    if problems:
+        from pipeline.restore import restore_after_failed_exp_run
+
+        restored = restore_after_failed_exp_run(path)
+        sys.stderr.write("validate: nothing ran, no output was touched:\n" + "\n".join(
+            "  " + line for p in problems for line in p.splitlines()) + "\n")
+        if restored:
+            sys.stderr.write(f"validate: {restored}\n")
+        sys.exit(2)
+    print(plan(params, raw, text) + f" [{time.time() - t0:.1f} s]", flush=True)
+    if not STAMP.exists() or STAMP.read_text() != STAMP_TEXT:
+        common.write_text(STAMP_TEXT, STAMP)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    main()

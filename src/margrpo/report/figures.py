@@ -1,0 +1,128 @@
+"""The report's figures (matplotlib, Agg): training curves, held-out scores, selection maps.
+
+Every figure that shows a reward or a score draws the base model's value as a dashed
+reference line, so a reader sees at once whether training moved anything.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from margrpo.stats import mean_std
+
+# Two panels per row: large enough to read a noisy 90-step curve.
+PANEL_W, PANEL_H, COLUMNS = 5.6, 3.4, 2
+BASE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 2.0}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path, dpi: int = 100) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+    return path
+
+
+def plot_curves(curves: dict[str, dict[int, list[dict]]], keys: list[str], path: Path,
+                reference: dict[str, tuple[float, str]] | None = None) -> Path | None:
+    """One panel per metric key; one line per method (mean over seeds) with a band of
+    +- 1 std over seeds. curves: method -> seed -> history rows; reference: key -> (value,
+    label) of a horizontal line (the base model's value of that metric)."""
+    plt = _plt()
+    keys = [k for k in keys if any(k in r for seeds in curves.values() for h in seeds.values() for r in h)]
+    if not keys:
+        return None
+    rows = math.ceil(len(keys) / COLUMNS)
+    cols = min(COLUMNS, len(keys))
+    fig, axes = plt.subplots(rows, cols, figsize=(PANEL_W * cols, PANEL_H * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for method, seeds in curves.items():
+            steps = sorted({r["step"] for h in seeds.values() for r in h if key in r})
+            if not steps:
+                continue
+            stats = [mean_std([r[key] for h in seeds.values() for r in h if r["step"] == s and key in r]) for s in steps]
+            m = [x[0] for x in stats]
+            sd = [x[1] for x in stats]
+            ax.plot(steps, m, label=method)
+            ax.fill_between(steps, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], alpha=0.2)
+        if reference and key in reference:
+            value, label = reference[key]
+            ax.axhline(value, label=label, **BASE_STYLE)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    return _save(fig, path)
+
+
+def scores_figure(evals: dict[str, dict], path: Path, base: str = "base") -> Path | None:
+    """Held-out score per GenEval tag and T2I category: a bar (mean +- std over replicates)
+    per trained method, the base model as a dashed line across each group.
+    evals: target -> metrics.json content ({'mean': {...}, 'std': {...}})."""
+    plt = _plt()
+    methods = [t for t in evals if t != base]
+    keys = sorted({k for t in evals for k in evals[t]["mean"]},
+                  key=lambda k: (not k.startswith("eval/geneval"), k.endswith(("overall", "/mean")), k))
+    if not keys or not methods:
+        return None
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(keys) + 1.2))
+    for i, m in enumerate(methods):
+        y = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(keys))]
+        ax.barh(y, [evals[m]["mean"].get(k, float("nan")) for k in keys], height=width,
+                xerr=[evals[m]["std"].get(k, 0.0) for k in keys], label=m, capsize=2,
+                error_kw={"ecolor": "0.55", "elinewidth": 0.8})
+    if base in evals:
+        for j, k in enumerate(keys):
+            if k in evals[base]["mean"]:
+                ax.plot([evals[base]["mean"][k]] * 2, [j - 0.45, j + 0.45], label=base if j == 0 else None, **BASE_STYLE)
+    ax.set_yticks(range(len(keys)), [k.removeprefix("eval/") for k in keys])
+    ax.invert_yaxis()
+    ax.set_xlabel("held-out score (mean ± std over replicates)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def selection_figure(examples: dict, out: Path, max_steps: int = 4) -> Path | None:
+    """Images of the last rollout beside their per-token maps at a few AR steps (every
+    [n, N] tensor of a step record, N = g*g tokens, drawn as a g x g heat map). A map that
+    is the same everywhere (e.g. `selected` of a method without token selection) carries no
+    information and gets no panel."""
+    import torch
+
+    plt = _plt()
+    images, steps = examples.get("images"), examples.get("steps") or []
+    if images is None or not steps:
+        return None
+    picked = steps[:: max(1, math.ceil(len(steps) / max_steps))][:max_steps]
+    maps = [(s.get("ar_step", i), k, v) for i, s in enumerate(picked)
+            for k, v in s.items() if torch.is_tensor(v) and v.ndim == 2 and v.min() != v.max()]
+    if not maps:
+        return None
+    n = images.shape[0]
+    fig, axes = plt.subplots(n, 1 + len(maps), figsize=(1.9 * (1 + len(maps)), 2.0 * n), squeeze=False)
+    for i in range(n):
+        axes[i][0].imshow(images[i].permute(1, 2, 0).clamp(0, 1).numpy(), interpolation="nearest")
+        axes[i][0].set_title((examples.get("prompts") or [""] * n)[i][:32], fontsize=7)
+        for j, (step, key, v) in enumerate(maps, start=1):
+            g = int(round(math.sqrt(v.shape[1])))
+            axes[i][j].imshow(v[i].float().reshape(g, g).numpy(), cmap="viridis", interpolation="nearest")
+            if i == 0:
+                axes[i][j].set_title(f"AR step {step}\n{key}", fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return _save(fig, out, dpi=90)

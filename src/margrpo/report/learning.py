@@ -1,0 +1,81 @@
+"""Did a run learn, and did it learn what the evaluation measures? Pure functions over a
+run's history.jsonl (training metrics per step) and evals.jsonl (held-out scores during
+training), used by the report and scripts/acceptance_table.py.
+
+- `reward_rise`: mean training reward over the last `window` steps minus the first
+  `window`, with its standard error (steps treated as independent draws) and the ratio.
+- `steps_to_detect`: how many steps `reward_rise` would need to reach `z` standard errors
+  if the reward kept its fitted linear trend and its noise about that trend: what a run
+  that falls short would need.
+- `tag_changes`: per GenEval tag, the held-out accuracy at the last evaluation minus the
+  first (step 0, the base), with the binomial standard error of that difference.
+- `reward_hacking`: the tags that fell by more than `z` standard errors while the training
+  reward rose by more than `z` of its own: the reward went up for a reason the
+  evaluation does not share.
+"""
+from __future__ import annotations
+
+import math
+
+TAG_PREFIX = "eval/geneval/"
+
+
+def _mean_var(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0)
+
+
+def reward_rise(history: list[dict], window: int = 10, key: str = "reward/mean") -> dict[str, float]:
+    """{"rise", "se", "z"} of the last-window mean minus the first-window mean of `key`."""
+    vals = [float(r[key]) for r in history if r.get(key) is not None]
+    if len(vals) < 2 * window:
+        raise ValueError(f"need at least {2 * window} steps of {key} to compare windows, got {len(vals)}")
+    (m0, v0), (m1, v1) = _mean_var(vals[:window]), _mean_var(vals[-window:])
+    se = math.sqrt(v0 / window + v1 / window)
+    return {"rise": m1 - m0, "se": se, "z": (m1 - m0) / se if se > 0 else math.inf * (m1 - m0)}
+
+
+def steps_to_detect(history: list[dict], z: float = 3.0, window: int = 10,
+                    key: str = "reward/mean") -> dict[str, float]:
+    """{"slope" (reward per step), "noise" (sd of the residuals about the least-squares
+    line), "steps"}: on a line of that slope the last-window mean minus the first-window
+    mean after n steps is slope * (n - window), with standard error noise * sqrt(2 / window),
+    so n = window + z * se / slope (inf when the fitted slope is not positive)."""
+    vals = [float(r[key]) for r in history if r.get(key) is not None]
+    n = len(vals)
+    if n < 3:
+        raise ValueError(f"need at least 3 steps of {key} to fit a trend, got {n}")
+    xm, ym = (n - 1) / 2, sum(vals) / n
+    sxx = sum((i - xm) ** 2 for i in range(n))
+    slope = sum((i - xm) * (v - ym) for i, v in enumerate(vals)) / sxx
+    noise = math.sqrt(sum((v - ym - slope * (i - xm)) ** 2 for i, v in enumerate(vals)) / (n - 2))
+    se = noise * math.sqrt(2 / window)
+    steps = max(2 * window, window + math.ceil(z * se / slope)) if slope > 0 else math.inf
+    return {"slope": slope, "noise": noise, "steps": steps}
+
+
+def tag_changes(evals: list[dict], images_per_tag: int) -> dict[str, dict[str, float]]:
+    """tag -> {"first", "last", "change", "se"} between the first and the last evaluation.
+    images_per_tag: images scored per tag at each evaluation (binomial standard errors)."""
+    if len(evals) < 2:
+        return {}
+    first, last = evals[0], evals[-1]
+    out = {}
+    for key, p0 in first.items():
+        if not key.startswith(TAG_PREFIX) or key.endswith("overall") or key not in last:
+            continue
+        p1 = last[key]
+        se = math.sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / images_per_tag)
+        out[key[len(TAG_PREFIX):]] = {"first": p0, "last": p1, "change": p1 - p0, "se": se}
+    return out
+
+
+def reward_hacking(history: list[dict], evals: list[dict], images_per_tag: int, z: float = 2.0,
+                   window: int = 10) -> list[str]:
+    """Tags that fell by more than z standard errors while the reward rose by more than z."""
+    if len(history) < 2 * window or len(evals) < 2:
+        return []
+    if reward_rise(history, window)["z"] <= z:
+        return []
+    return sorted(tag for tag, c in tag_changes(evals, images_per_tag).items()
+                  if c["se"] > 0 and c["change"] < -z * c["se"])

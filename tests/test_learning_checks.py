@@ -1,0 +1,61 @@
+"""The report's learning checks: reward rise in standard errors, per-tag held-out changes,
+and the reward-hacking flag (issue 17)."""
+import math
+
+import pytest
+
+from margrpo.report.learning import reward_hacking, reward_rise, steps_to_detect, tag_changes
+
+
+def _history(values):
+    return [{"step": i + 1, "reward/mean": v} for i, v in enumerate(values)]
+
+
+def _evals(*rows):
+    return [{"step": 10 * i, **{f"eval/geneval/{k}": v for k, v in r.items()}} for i, r in enumerate(rows)]
+
+
+def test_reward_rise_in_standard_errors():
+    flat = _history([0.5, 0.6] * 20)
+    assert abs(reward_rise(flat)["rise"]) < 1e-12 and abs(reward_rise(flat)["z"]) < 1e-6
+    rising = _history([0.5 + 0.01 * i + (0.02 if i % 2 else -0.02) for i in range(40)])
+    r = reward_rise(rising)
+    assert r["rise"] == pytest.approx(0.30, abs=1e-9) and r["z"] > 10
+    with pytest.raises(ValueError, match="at least 20 steps"):
+        reward_rise(_history([0.5] * 19))
+
+
+def test_steps_to_detect_projects_the_fitted_trend():
+    # slope 0.01 per step, residuals +-0.1 (sd 0.1 * sqrt(n / (n - 2))): the window difference
+    # needs 0.01 * (n - 10) >= 3 * noise * sqrt(2 / 10), about 24 steps.
+    def line(n):
+        return _history([0.5 + 0.01 * i + (0.1 if i % 2 else -0.1) for i in range(n)])
+
+    r = steps_to_detect(line(40))
+    assert r["slope"] == pytest.approx(0.01, abs=1e-3)
+    assert r["noise"] == pytest.approx(0.1 * math.sqrt(40 / 38), rel=0.02)
+    assert r["steps"] == 10 + math.ceil(3 * r["noise"] * math.sqrt(0.2) / r["slope"]) == 24
+    # reward_rise on a run of that length reads about 3 (a little less: its window variance
+    # includes the trend within each window), and clearly less a few steps earlier.
+    z = reward_rise(line(24))["z"]
+    assert abs(z - 3) < 0.3 and reward_rise(line(21))["z"] < z - 0.4
+    # Never fewer steps than two windows; no rise to detect on a falling reward.
+    assert steps_to_detect(_history([0.5 + 0.01 * i for i in range(30)]))["steps"] == 20
+    assert steps_to_detect(_history([0.6 - 0.01 * i for i in range(30)]))["steps"] == math.inf
+
+
+def test_tag_changes_use_binomial_standard_errors():
+    c = tag_changes(_evals({"colors": 0.5, "overall": 0.5}, {"colors": 0.3, "overall": 0.4}), images_per_tag=100)
+    assert set(c) == {"colors"}
+    assert c["colors"]["change"] == pytest.approx(-0.2)
+    assert c["colors"]["se"] == pytest.approx(math.sqrt((0.25 + 0.21) / 100))
+
+
+def test_reward_hacking_needs_a_rising_reward_and_a_falling_tag():
+    rising = _history([0.5 + 0.01 * i + (0.02 if i % 2 else -0.02) for i in range(40)])
+    flat = _history([0.5, 0.6] * 20)
+    fell = _evals({"colors": 0.7, "counting": 0.5}, {"colors": 0.3, "counting": 0.55})
+    held = _evals({"colors": 0.7, "counting": 0.5}, {"colors": 0.66, "counting": 0.55})
+    assert reward_hacking(rising, fell, images_per_tag=128) == ["colors"]
+    assert reward_hacking(flat, fell, images_per_tag=128) == []  # the reward did not rise
+    assert reward_hacking(rising, held, images_per_tag=128) == []  # -0.04 is within 2 se

@@ -1,0 +1,34 @@
+"""How a stage tells a kill from a failure (pipeline/common.py `_unwinding`): an error raised
+while a signal unwinds the flow still ends its MLflow runs KILLED. The end-to-end kills
+(torchrun ranks, SIGKILL, dvc killed alone) are in tests/test_pipeline_study.py."""
+from __future__ import annotations
+
+import pytest
+from prefect.exceptions import TerminationSignal
+
+from pipeline.common import _unwinding
+
+
+def _raised_while_handling(first: BaseException, then: Exception, suppress: bool) -> Exception:
+    try:
+        try:
+            raise first
+        except BaseException:
+            if suppress:
+                raise then from None
+            raise then
+    except Exception as err:  # noqa: BLE001 - the error under test
+        return err
+
+
+@pytest.mark.parametrize("signal_exc", [TerminationSignal(15), SystemExit(143), KeyboardInterrupt()])
+@pytest.mark.parametrize("suppress", [False, True])
+def test_an_error_while_unwinding_from_a_signal_is_a_kill(signal_exc, suppress):
+    # Prefect reporting the crash to a server that died with the rank: ConnectError.
+    err = _raised_while_handling(signal_exc, ConnectionRefusedError("[Errno 111] Connection refused"), suppress)
+    assert _unwinding(err)
+
+
+def test_an_ordinary_error_is_a_failure():
+    assert not _unwinding(ValueError("bad"))
+    assert not _unwinding(_raised_while_handling(KeyError("x"), RuntimeError("while handling"), suppress=False))
