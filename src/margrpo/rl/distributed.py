@@ -164,7 +164,11 @@ def run_stage(runtime, module: str, lead: Callable[[], None], follow: Callable[[
     follow() on the others, the same collective work without the files and logging."""
     if runtime.nproc > 1 and not under_torchrun():
         check_launch(runtime.device, runtime.nproc)
-        proc = subprocess.Popen(torchrun_command(runtime.nproc, module, sys.argv[1:]))
+        # Each rank's share of the cores for its intra-op threads. Left unset, torchrun sets
+        # 1 and prints a four-line warning into every stage's output.
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // runtime.nproc)))
+        proc = subprocess.Popen(torchrun_command(runtime.nproc, module, sys.argv[1:]), env=env)
         try:
             sys.exit(proc.wait())
         except BaseException:  # SIGTERM / Ctrl-C of the stage: torchrun stops its ranks on SIGTERM
