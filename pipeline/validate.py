@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from margrpo.jsonl import read_jsonl
 from pipeline import common, proc
 
 STAMP = Path("reports/validated.txt")
@@ -119,8 +120,8 @@ def _mean_step_s(seeds_dir: Path) -> float | None:
     unlike the final window's mean it counts the first step's warm-up and the gradient-probe
     steps. On the committed study the final-window mean missed 21% of the training time;
     with the whole runs the estimate for a fresh clone is 55 min against 53.6 measured."""
-    times = [json.loads(line).get("time/step", 0.0)
-             for path in sorted(seeds_dir.glob("seed*/history.jsonl")) for line in open(path)]
+    times = [row.get("time/step", 0.0) for path in sorted(seeds_dir.glob("seed*/history.jsonl"))
+             for row in read_jsonl(path)]
     return sum(times) / len(times) if times else None
 
 
