@@ -26,6 +26,7 @@ import psutil
 import pytest
 import yaml
 
+from pipeline.proc import SHELLS
 from pipeline_tiny import (REPO, TINY, clone, commit, dvc, git_changes, merge, pipeline_env, ran_stages,
                            read_json, run, run_ids, runs, wait_for)
 
@@ -252,21 +253,34 @@ def _start(root: Path) -> subprocess.Popen:
 
 
 def _training(root: Path, proc: subprocess.Popen) -> tuple[psutil.Process, list[psutil.Process]]:
-    """The stage process once it has written a checkpoint in this run, and every process
-    of the session (dvc, stage, Prefect's server, the reaper)."""
+    """The stage process (the Python process DVC's command started, which holds the repo
+    lock) once it has written a checkpoint in this run, and every process of the session
+    (dvc, stage, torchrun and its ranks, Prefect's server, the reapers)."""
     t0 = time.time()
     dvc_proc = psutil.Process(proc.pid)
 
     def ready():
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         fresh = [p for p in glob.glob(str(root / "outputs/ckpt/grpo/*/seed0/ckpt.pt")) if os.path.getmtime(p) > t0]
-        stage = [p for p in dvc_proc.children(recursive=True) if "pipeline.train" in _cmdline(p)]
+        # Not the `sh -c` wrapper: without $SHELL DVC runs the command through /bin/sh, and
+        # dash (Debian's sh) does not exec it, so `sh -c "python -m pipeline.train ..."` stays
+        # as the stage's parent. The first Python process is the stage; torchrun and its
+        # ranks are below it.
+        stage = [p for p in dvc_proc.children(recursive=True)
+                 if "pipeline.train" in _cmdline(p) and _name(p) not in SHELLS]
         return stage[0] if fresh and stage else None
 
     stage = wait_for(ready, 300, "a checkpoint of train@grpo")
     procs = [dvc_proc, *dvc_proc.children(recursive=True)]
     procs += [p for p in psutil.process_iter() if f"pipeline.reaper {stage.pid}" in _cmdline(p)]
     return stage, procs
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.Error:
+        return ""
 
 
 def _cmdline(proc: psutil.Process) -> str:
@@ -308,15 +322,19 @@ def test_faults_kill_clean_up_and_resume(study, tmp_path):
         stage, procs = _training(root, proc)
         if victim == "dvc":
             # While a stage runs, a second workspace experiment is refused before it touches
-            # params.yaml. The stage is paused meanwhile: a tiny step takes ~0.03 s, and on a
-            # fast machine the training would otherwise end (FINISHED) before the kill. The
-            # running stage rewrites its own outputs as it goes (restored on the kill below),
-            # so the refusal is checked as "no change beyond the paused stage's".
-            stage.suspend()
+            # params.yaml. The stage and its ranks are paused meanwhile: a tiny step takes
+            # ~0.03 s, and on a fast machine the training would otherwise end (FINISHED, the
+            # lock released) before the second command or the kill. The running stage
+            # rewrites its own outputs as it goes (restored on the kill below), so the
+            # refusal is checked as "no change beyond the paused stage's".
+            paused = [stage, *stage.children(recursive=True)]
+            for p in paused:
+                p.suspend()
             before = git_changes(root)
             second = run(root, "dvc", "exp", "run", "-S", "k=0.9", check=False, ephemeral=True)
             after = git_changes(root)
-            stage.resume()
+            for p in paused:
+                p.resume()
             assert second.returncode != 0 and "Unable to acquire lock" in second.stdout + second.stderr
             assert after == before, f"the refused experiment changed the workspace: {before} -> {after}"
             assert not [line for line in after if not line[3:].startswith("reports/train/grpo/")], after
