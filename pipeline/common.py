@@ -204,9 +204,13 @@ def file_digest(path: Path) -> str:
 def checkpoint_dir(params, method: str, seed: int) -> Path:
     """outputs/ckpt/<method>/<key>/seed<seed>: key hashes what determines the training run
     (train.seeds excluded: adding a seed must not discard the others' checkpoints)."""
+    resolved = params.method(method)
+    # The step count is in "train" (the method's own); paired_base only adds a measurement,
+    # so runs without it keep the keys they had before these fields existed.
+    unkeyed = {"steps_factor"} if resolved.paired_base else {"steps_factor", "paired_base"}
     spec = {
-        "method": params.method(method).model_dump(mode="json"),
-        "train": params.train.model_dump(mode="json", exclude={"seeds"}),
+        "method": resolved.model_dump(mode="json", exclude=unkeyed),
+        "train": params.train_for(method).model_dump(mode="json", exclude={"seeds"}),
         "sampling": params.sampling.model_dump(mode="json"),
         "rewards": [r.model_dump(mode="json") for r in params.rewards],
         "model": params.model.model_dump(mode="json", exclude={"checkpoint"}),

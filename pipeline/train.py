@@ -54,7 +54,7 @@ def train_seed(params, method: str, seed: int, study, run_id: str) -> Path:
     if (out_dir / "ckpt.pt").exists():
         done = sum(1 for line in open(out_dir / "history.jsonl")) if (out_dir / "history.jsonl").exists() else 0
         print(f"train {method} seed {seed}: resuming from the checkpoint in {out_dir} "
-              f"(history has {done} of {params.train.steps} steps; the trainer drops any after the checkpoint)")
+              f"(history has {done} of {params.train_for(method).steps} steps; the trainer drops any after the checkpoint)")
     return run_seed(params, method, seed, log=lambda step, metrics: study.log_metrics(run_id, metrics, step))
 
 
@@ -78,7 +78,7 @@ def train_method(method: str) -> None:
 
     params = common.load()
     resolved = params.method(method)
-    t = params.train
+    t = params.train_for(method)
     print(f"train {method}: {len(t.seeds)} seed(s) x {t.steps} steps x {t.prompts_per_step} prompts "
           f"x {t.group_size} images = {t.steps * t.prompts_per_step * t.group_size} rollouts per seed; "
           f"method {resolved.model_dump()}")

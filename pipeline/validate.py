@@ -139,7 +139,7 @@ def estimate_minutes(params, methods: list[str]) -> float | None:
         step_s = _mean_step_s(common.REPORTS / "train" / m / "seeds") or train["final_window"]["mean"].get("time/step")
         if step_s is None:
             return None
-        t, seeds = params.train, len(params.train.seeds)
+        t, seeds = params.train_for(m), len(params.train.seeds)
         total += step_s * t.steps * seeds
         per_image = ev.get("time/eval_s", 0.0) / max(1, ev.get("images", 1))
         # evaluate@<method>: the final and the best checkpoint of each seed on the test split
@@ -160,9 +160,10 @@ def plan(params, raw: dict, text: str) -> str:
     if not methods:
         return f"{head}; every method's trained model is in place: only stages whose inputs changed rerun"
     minutes = estimate_minutes(params, methods)
-    t = params.train
+    steps = sorted({params.train_for(m).steps for m in methods})
     cost = f"about {minutes:.0f} min on 2 CPU cores" if minutes is not None else "time unknown (no measured step times)"
-    return (f"{head}; retrains {', '.join(methods)} ({len(t.seeds)} seed(s) x {t.steps} steps each): {cost} "
+    return (f"{head}; retrains {', '.join(methods)} ({len(params.train.seeds)} seed(s) x "
+            f"{' or '.join(map(str, steps))} steps each): {cost} "
             f"for their training and evaluation. A trained model is missing on a fresh clone (DVC cache, no remote). "
             f"For a short run that leaves this workspace alone: python -m pipeline.quick")
 

@@ -44,3 +44,16 @@ def test_without_a_frozen_single_method_the_confound_is_named():
     assert "confounded" in claims[2].note
     reward = next(p for p in claims[3].parts if "final reward" in p.text)
     assert reward.text.endswith("− grpo") and reward.status == FAILS
+
+
+def test_a_method_trained_longer_is_left_out_of_the_claims():
+    # listed first, so without the equal-steps rule claim 2 and 3 would pick it
+    methods = {"grpo_frozen_long": {"freeze_head": True, "estimator": "single", "steps_factor": 3}, **METHODS}
+    train = {"grpo": _train([0.05, 0.06, 0.07], [0.9, 0.91, 0.92]),
+             "grpo_frozen_long": _train([0.01, 0.02, 0.03], [0.9, 0.91, 0.92]),
+             "grpo_frozen": _train([0.01, 0.02, 0.03], [0.5, 0.51, 0.52]),
+             "mar_grpo": _train([0.01, 0.02, 0.03], [0.6, 0.61, 0.62])}
+    claims = build_claims(train, {}, methods, {})
+    texts = [p.text for c in claims for p in c.parts]
+    assert texts and not [t for t in texts if "grpo_frozen_long" in t]
+    assert any(t.endswith("grpo_frozen") for t in texts)

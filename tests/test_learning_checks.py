@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from margrpo.report.learning import reward_hacking, reward_rise, steps_to_detect, tag_changes
+from margrpo.report.learning import (PAIRED_KEY, RAW_KEY, reward_hacking, reward_rise, rise_key, steps_to_detect,
+                                     tag_changes)
 
 
 def _history(values):
@@ -59,3 +60,22 @@ def test_reward_hacking_needs_a_rising_reward_and_a_falling_tag():
     assert reward_hacking(rising, fell, images_per_tag=128) == ["colors"]
     assert reward_hacking(flat, fell, images_per_tag=128) == []  # the reward did not rise
     assert reward_hacking(rising, held, images_per_tag=128) == []  # -0.04 is within 2 se
+
+
+def test_the_paired_rise_removes_the_prompt_draw_noise():
+    # Each step's prompts shift the reward of base and policy alike (difficulty d); the
+    # policy gains 0.004 per step over the base on the same draw.
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    for i in range(60):
+        d, base_noise = rng.gauss(0, 0.05), rng.gauss(0, 0.005)
+        base = 0.5 + d + base_noise
+        reward = base + 0.004 * i + rng.gauss(0, 0.005)
+        rows.append({"step": i + 1, RAW_KEY: reward, "reward/base_mean": base, PAIRED_KEY: reward - base})
+    assert rise_key(rows) == PAIRED_KEY and rise_key([{k: v for k, v in r.items() if k != PAIRED_KEY} for r in rows]) == RAW_KEY
+    assert rise_key(rows[:5] + [{RAW_KEY: 0.5}]) == RAW_KEY  # every step must have it
+    raw, paired = reward_rise(rows, key=RAW_KEY), reward_rise(rows, key=PAIRED_KEY)
+    assert paired["rise"] == pytest.approx(0.2, abs=0.02)
+    assert paired["z"] > 3 and paired["z"] > 3 * raw["z"]

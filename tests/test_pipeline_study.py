@@ -32,7 +32,7 @@ from pipeline_tiny import (REPO, TINY, clone, commit, dvc, git_changes, merge, p
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-METHODS = ("grpo", "grpo_frozen", "mar_grpo", "grpo_frozen_spec")
+METHODS = tuple(yaml.safe_load((REPO / "params.yaml").read_text())["methods"])
 STAGES = {"validate", "prepare_prompts", "pretrain_base", "sample_baseline", *(f"train@{m}" for m in METHODS),
           "evaluate@base", *(f"evaluate@{m}" for m in METHODS), "report"}
 ABLATION = {"validate", "train@mar_grpo", "evaluate@mar_grpo", "report"}
@@ -87,6 +87,11 @@ def test_repro_runs_every_stage_once_and_records_the_study(study):
         metrics = read_json(root / f"reports/eval/{target}/metrics.json")
         assert metrics["replicates"] == len(TINY["train"]["seeds"])
         assert (root / f"reports/eval/{target}/scores.csv").read_text().startswith("metric,score\n")
+    # A method's steps_factor and paired_base reach its training run through the pipeline.
+    for m, cfg in yaml.safe_load((root / "params.yaml").read_text())["methods"].items():
+        rows = [json.loads(line) for line in (root / f"reports/train/{m}/seeds/seed0/history.jsonl").read_text().splitlines()]
+        assert len(rows) == TINY["train"]["steps"] * cfg.get("steps_factor", 1), m
+        assert all(("reward/vs_base" in r) == cfg.get("paired_base", False) for r in rows), m
     plots = json.loads(dvc(root, "plots", "show", "--json"))
     assert not plots.get("errors"), plots.get("errors")
     assert {"training reward", "reports/eval/mar_grpo/scores.csv"} <= set(plots["data"])

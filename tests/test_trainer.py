@@ -116,6 +116,30 @@ def test_method_learning_rate_overrides_train_lr():
     assert [g["lr"] for g in make_trainer("grpo", **{"train.lr": 1e-5}).opt.param_groups] == [1e-5]
 
 
+def test_steps_factor_multiplies_train_steps_for_that_method_only():
+    params = tiny_params(**{"methods.grpo.steps_factor": 3, "train.steps": 5})
+    assert params.train_for("grpo").steps == 15 and params.train_for("mar_grpo").steps == 5
+    assert params.train_for("mar_grpo") is params.train and params.train.steps == 5
+    assert make_trainer("grpo", **{"methods.grpo.steps_factor": 3, "train.steps": 5}).tcfg.steps == 15
+
+
+@pytest.mark.parametrize("beta_kl", [0.01, 0.0])
+def test_paired_base_logs_the_base_reward_on_the_same_batch_and_leaves_training_alone(beta_kl):
+    plain = make_trainer("grpo", **{"train.beta_kl": beta_kl})
+    paired = make_trainer("grpo", **{"train.beta_kl": beta_kl, "methods.grpo.paired_base": True})
+    for step in range(3):
+        a, b = plain.train_step(), paired.train_step()
+        assert "reward/base_mean" not in a
+        # the same rewards and weights as without the base rollout (no generator touched)
+        assert a["reward/mean"] == b["reward/mean"] and a["loss/policy"] == b["loss/policy"]
+        if step == 0:  # nothing trained yet: the base is the policy, on the same draws
+            assert b["reward/base_mean"] == b["reward/mean"] and b["reward/vs_base"] == 0.0
+        else:  # the policy moved, the base did not
+            assert b["reward/base_mean"] != b["reward/mean"]
+            assert b["reward/vs_base"] == pytest.approx(b["reward/mean"] - b["reward/base_mean"])
+    assert all(torch.equal(x, y) for x, y in zip(plain.policy.parameters(), paired.policy.parameters()))
+
+
 @pytest.mark.parametrize("scope", ["loss", "committed"])
 def test_mte_scope_limits_the_multi_trajectory_tokens(scope):
     tr = make_trainer(**{"methods.mar_grpo.mte_scope": scope, "methods.mar_grpo.token_scope": "committed+speculative",

@@ -190,6 +190,11 @@ class MethodConfig(_Strict):
         "token (speculative ones too) or only the tokens committed at the AR step (the paper's tokens)")
     lr: float | None = Field(None, gt=0, description="this method's learning rate (default: train.lr); "
                              "methods are tuned separately, as in any fair comparison")
+    steps_factor: int = Field(1, ge=1, description="this method trains for steps_factor x train.steps steps (a "
+                              "profile that shortens train.steps shortens it alike)")
+    paired_base: bool = Field(
+        False, description="also roll out the base model (the KL reference) on each step's prompts and image "
+        "seeds and log its reward (reward/base_mean, reward/vs_base): the control variate of the training-reward test")
     uses_ablation_keys: bool = Field(False, description="read top-level k / tau / num_trajectories")
 
 
@@ -301,6 +306,11 @@ class Params(_Strict):
                 s.setdefault("image_size", self.world.image_size)
         return specs
 
+    def train_for(self, name: str) -> "TrainConfig":
+        """params.train with the method's step count: train.steps x methods.<name>.steps_factor."""
+        factor = self.method(name).steps_factor
+        return self.train if factor == 1 else self.train.model_copy(update={"steps": self.train.steps * factor})
+
     def method(self, name: str) -> "ResolvedMethod":
         if name not in self.methods:
             raise ParamsError(f"unknown method {name!r}; params.yaml methods: {sorted(self.methods)}")
@@ -325,6 +335,8 @@ class ResolvedMethod(_Strict):
     topk_pool: str
     mte_scope: str
     lr: float | None
+    steps_factor: int
+    paired_base: bool
     k: float
     tau: float
     num_trajectories: int

@@ -9,7 +9,7 @@ from margrpo.report import summary as summary_text
 from margrpo.report.claims import NOT_JUDGED, RULE, build_claims
 from margrpo.report.curves import read_history, window_mean
 from margrpo.report.figures import plot_curves, scores_figure, selection_figure
-from margrpo.report.learning import reward_hacking, reward_rise, steps_to_detect
+from margrpo.report.learning import PAIRED_KEY, reward_hacking, reward_rise, rise_key, steps_to_detect
 from margrpo.report.render import Figure, Section, Table
 from margrpo.stats import mean_std
 
@@ -197,36 +197,53 @@ def _best_section(reports: Path, per_seed: dict, methods: list[str]) -> Section:
                    [Table(["method", "final", "final gain", "best", "best gain"], rows)])
 
 
+def _rise_cell(history: list[dict], window: int, key: str) -> str:
+    try:
+        r = reward_rise(history, window, key)
+    except ValueError:
+        return "–"
+    z = f"z {r['z']:.1f}" if math.isfinite(r["z"]) else "one value per window"
+    return f"{r['rise']:+.3f} ± {r['se']:.3f} ({z})"
+
+
 def _learning_section(params, histories: dict, evals_during: dict) -> Section:
-    """Per run: did the training reward rise, and did held-out tags fall while it rose
-    (reward hacking: report/learning.py)."""
-    window = max(1, min(10, params.train.steps // 2))
+    """Per run: did the training reward rise (raw, and paired with the base on the same
+    batches where the method logs it), and did held-out tags fall while it rose (reward
+    hacking: report/learning.py)."""
     images_per_tag = params.world.heldout_prompts_per_tag * params.train.eval_images_per_prompt
-    rows = []
+    rows, paired_any = [], False
     for m, seeds in histories.items():
+        # 10-step windows; half the run when a method trains for fewer than 20 steps
+        window = max(1, min(10, (params.train_for(m).steps if m in params.methods else params.train.steps) // 2))
         for s, h in seeds.items():
             ev = evals_during.get(m, {}).get(s, [])
+            key = rise_key(h)
+            paired_any |= key == PAIRED_KEY
             try:
-                r = reward_rise(h, window)
-                z = f"z {r['z']:.1f}" if math.isfinite(r["z"]) else "one value per window"
-                rise = f"{r['rise']:+.3f} ± {r['se']:.3f} ({z})"
-                needed = str(steps_to_detect(h, 3.0, window)["steps"])
+                needed = str(steps_to_detect(h, 3.0, window, key)["steps"])
             except ValueError:
-                rise, needed = "–", "–"
+                needed = "–"
             overall = [e["eval/geneval/overall"] for e in ev if "eval/geneval/overall" in e]
             path = " → ".join(f"{v:.3f}" for v in overall) or "–"
             hacked = reward_hacking(h, ev, images_per_tag, window=window) if len(h) >= 2 * window else []
-            rows.append([m, str(s), rise, needed, path, ", ".join(hacked) or "none"])
+            rows.append([m, str(s), _rise_cell(h, window, "reward/mean"),
+                         _rise_cell(h, window, PAIRED_KEY) if key == PAIRED_KEY else "–",
+                         needed, path, ", ".join(hacked) or "none"])
+    paired_note = (" paired with the base: the same rise of the training reward minus the base model's reward on "
+                   "the same prompts and image seeds, logged every step by the methods with paired_base (most of a "
+                   "step's noise is which prompts it drew, and the base sees the same draw); where it exists the "
+                   "rise test and the steps for 3 se read it." if paired_any else "")
     return Section("Learning checks",
-                   [f"Training reward: mean of the last {window} steps minus the first {window}, ± standard error "
-                    "(steps as independent draws); steps for 3 se: how many steps that difference would need to reach 3 "
-                    "standard errors if the reward kept its fitted linear trend and noise (inf: no upward trend). "
+                   ["Training reward: mean of the last 10 steps minus the first 10 (half the run in runs shorter "
+                    "than 20 steps), ± standard error (steps as independent draws);" + paired_note + " Steps for 3 se: "
+                    "how many steps that difference would need to reach 3 standard errors if the reward kept its "
+                    "fitted linear trend and noise (inf: no upward trend). "
                     "Held-out overall at each in-training evaluation (validation split, "
                     f"{params.train.eval_images_per_prompt} images per prompt; the first is the base model). Tags that "
                     "fell by more than 2 standard errors while the reward rose by more than 2 are flagged as reward "
                     "hacking."],
-                   [Table(["method", "seed", "reward rise", "steps for 3 se", "held-out overall during training",
-                           "tags fallen (hacking)"],
+                   [Table(["method", "seed", "reward rise", "paired rise (vs base)", "steps for 3 se",
+                           "held-out overall during training", "tags fallen (hacking)"],
                           rows)])
 
 

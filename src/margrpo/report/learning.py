@@ -4,6 +4,10 @@ training), used by the report and scripts/acceptance_table.py.
 
 - `reward_rise`: mean training reward over the last `window` steps minus the first
   `window`, with its standard error (steps treated as independent draws) and the ratio.
+- `rise_key`: which reward the rise test reads. In a paired_base run every step also has
+  the base model's reward on the same prompts and image seeds, and the test reads the
+  difference (reward/vs_base): most of a step's reward noise is which prompts it drew,
+  and the base sees the same draw, so the difference keeps the rise and drops that noise.
 - `steps_to_detect`: how many steps `reward_rise` would need to reach `z` standard errors
   if the reward kept its fitted linear trend and its noise about that trend: what a run
   that falls short would need.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 
 TAG_PREFIX = "eval/geneval/"
+RAW_KEY, PAIRED_KEY = "reward/mean", "reward/vs_base"
 
 
 def _mean_var(xs: list[float]) -> tuple[float, float]:
@@ -33,6 +38,11 @@ def reward_rise(history: list[dict], window: int = 10, key: str = "reward/mean")
     (m0, v0), (m1, v1) = _mean_var(vals[:window]), _mean_var(vals[-window:])
     se = math.sqrt(v0 / window + v1 / window)
     return {"rise": m1 - m0, "se": se, "z": (m1 - m0) / se if se > 0 else math.inf * (m1 - m0)}
+
+
+def rise_key(history: list[dict]) -> str:
+    """PAIRED_KEY when every step of the run has it (a paired_base run), else RAW_KEY."""
+    return PAIRED_KEY if history and all(r.get(PAIRED_KEY) is not None for r in history) else RAW_KEY
 
 
 def steps_to_detect(history: list[dict], z: float = 3.0, window: int = 10,

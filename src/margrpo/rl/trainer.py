@@ -52,6 +52,8 @@ class Batch(NamedTuple):
     adv: torch.Tensor  # [B]
     plans: list[StepPlan]
     rollout_s: float
+    # [B] the base model's rewards on the same prompts and image seeds (methods.<m>.paired_base)
+    base_rewards: torch.Tensor | None = None
 
 
 def lr_lambda(tcfg) -> Callable[[int], float]:
@@ -85,6 +87,12 @@ def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
         "adv/zero_std_frac": float(zero_std_fraction(r, groups)),
         "time/rollout": batch.rollout_s,
     }
+    if batch.base_rewards is not None:
+        # The same prompts and image seeds through the base: a control variate that removes
+        # the prompt-draw noise from the training-reward rise (report/learning.py).
+        base = world.cat(batch.base_rewards)
+        m["reward/base_mean"] = base.mean().item()
+        m["reward/vs_base"] = m["reward/mean"] - m["reward/base_mean"]
     mine = {}
     for key in SELECT_KEYS:
         vals = [p.stats[key] for p in batch.plans if key in p.stats]
@@ -101,7 +109,7 @@ def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
 class Trainer:
     def __init__(self, policy: MARPolicy, params: Params, method: ResolvedMethod, seed: int,
                  prompts: list[dict], reward, world: World | None = None):
-        self.policy, self.params, self.method, self.tcfg = policy, params, method, params.train
+        self.policy, self.params, self.method, self.tcfg = policy, params, method, params.train_for(method.name)
         self.prompts, self.reward, self.seed = prompts, reward, seed
         by_purpose: dict[str, list[int]] = {}
         for i, m in enumerate(prompts):
@@ -120,8 +128,9 @@ class Trainer:
         self.trained_names = [n for n, p in policy.named_parameters() if id(p) in trained_ids]
         # The KL reference copies only the trained parameters; frozen ones (the head, a text
         # encoder, a VAE) are shared with the policy through the deepcopy memo.
+        # It is also the base model that paired_base rolls out.
         self.ref = None
-        if self.tcfg.beta_kl > 0:
+        if self.tcfg.beta_kl > 0 or method.paired_base:
             shared = {id(p): p for p in policy.parameters() if id(p) not in trained_ids}
             self.ref = copy.deepcopy(policy, dict(shared)).eval()
             for p in self.ref.parameters():
@@ -233,7 +242,14 @@ class Trainer:
         rewards = self.reward(rollout.images.cpu(), rollout.prompts, metas).float().to(self.device)
         adv = group_advantages(rewards, groups)
         plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
-        return Batch(groups, rollout, rewards, adv, plans, t_roll)
+        base_rewards = None
+        if self.method.paired_base:
+            # Noise is a function of the image seeds (models/noise.py), so the base draws
+            # what the policy drew; no trainer generator is touched and training is unchanged.
+            with torch.no_grad():
+                base = self.ref.rollout([m["prompt"] for m in metas], seeds=seeds[mine])
+            base_rewards = self.reward(base.images.cpu(), base.prompts, metas).float().to(self.device)
+        return Batch(groups, rollout, rewards, adv, plans, t_roll, base_rewards)
 
     def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
                       plans: list[StepPlan] | None = None, adv: torch.Tensor | None = None) -> dict[str, float]:
