@@ -76,8 +76,9 @@ def main() -> None:
         step_s = statistics.median(s[1] for s in stats.values())
         raw_z = ", ".join(f"{s[2]:.1f}" for s in stats.values())
         paired = [s[3] for s in stats.values()]
-        zs = paired if all(z is not None for z in paired) else [s[2] for s in stats.values()]
-        rise = raw_z + ("" if zs is not paired else f"; paired {', '.join(f'{z:.1f}' for z in paired)}")
+        has_paired = all(z is not None for z in paired)
+        zs = paired if has_paired else [s[2] for s in stats.values()]
+        rise = raw_z + (f"; paired {', '.join(f'{z:.1f}' for z in paired)}" if has_paired else "")
         needed = ", ".join(str(s[4]) for s in stats.values())
         for label, which in (("final", ""), ("best", "_best")):
             scores = per_seed_scores(a.reports, method, which)
