@@ -205,9 +205,10 @@ def checkpoint_dir(params, method: str, seed: int) -> Path:
     """outputs/ckpt/<method>/<key>/seed<seed>: key hashes what determines the training run
     (train.seeds excluded: adding a seed must not discard the others' checkpoints)."""
     resolved = params.method(method)
-    # The step count is in "train" (the method's own); paired_base only adds a measurement,
-    # so runs without it keep the keys they had before these fields existed.
-    unkeyed = {"steps_factor"} if resolved.paired_base else {"steps_factor", "paired_base"}
+    # The method's step count, batch and LR schedule are in "train" (train_for); paired_base
+    # only adds a measurement, so runs without it keep the keys they had before it existed.
+    unkeyed = {"steps_factor", "batch_factor", "lr_schedule", "warmup_frac"} | (
+        set() if resolved.paired_base else {"paired_base"})
     spec = {
         "method": resolved.model_dump(mode="json", exclude=unkeyed),
         "train": params.train_for(method).model_dump(mode="json", exclude={"seeds"}),

@@ -1,6 +1,8 @@
 """Claim verdicts of the report (method.md §6) from per-seed numbers."""
 from __future__ import annotations
 
+import pytest
+
 from margrpo.report.claims import FAILS, HOLDS, UNSURE, build_claims, compare
 
 METHODS = {
@@ -46,9 +48,11 @@ def test_without_a_frozen_single_method_the_confound_is_named():
     assert reward.text.endswith("− grpo") and reward.status == FAILS
 
 
-def test_a_method_trained_longer_is_left_out_of_the_claims():
-    # listed first, so without the equal-steps rule claim 2 and 3 would pick it
-    methods = {"grpo_frozen_long": {"freeze_head": True, "estimator": "single", "steps_factor": 3}, **METHODS}
+@pytest.mark.parametrize("budget", [{"steps_factor": 3}, {"batch_factor": 2}, {"lr_schedule": "cosine"},
+                                    {"warmup_frac": 0.25}])
+def test_a_method_trained_on_another_budget_is_left_out_of_the_claims(budget):
+    # listed first, so without the equal-budget rule claim 2 and 3 would pick it
+    methods = {"grpo_frozen_long": {"freeze_head": True, "estimator": "single", **budget}, **METHODS}
     train = {"grpo": _train([0.05, 0.06, 0.07], [0.9, 0.91, 0.92]),
              "grpo_frozen_long": _train([0.01, 0.02, 0.03], [0.9, 0.91, 0.92]),
              "grpo_frozen": _train([0.01, 0.02, 0.03], [0.5, 0.51, 0.52]),

@@ -123,6 +123,28 @@ def test_steps_factor_multiplies_train_steps_for_that_method_only():
     assert make_trainer("grpo", **{"methods.grpo.steps_factor": 3, "train.steps": 5}).tcfg.steps == 15
 
 
+def test_batch_factor_and_schedule_apply_to_that_method_only():
+    over = {"methods.grpo.batch_factor": 2, "methods.grpo.lr_schedule": "cosine", "methods.grpo.warmup_frac": 0.25,
+            "methods.grpo.steps_factor": 2, "train.steps": 4, "train.lr": 1e-3}
+    params = tiny_params(**over)
+    t = params.train_for("grpo")
+    assert (t.steps, t.prompts_per_step, t.lr_schedule, t.warmup_steps) == (
+        8, 2 * params.train.prompts_per_step, "cosine", 2)
+    assert params.train_for("mar_grpo") is params.train and params.train.lr_schedule == "constant"
+    tr = make_trainer("grpo", **over)
+    metas, groups = tr.sample_batch()
+    assert len(metas) == len(groups) == t.prompts_per_step * t.group_size
+    # warm-up over 2 of the 8 steps (x (step+1)/2), under a cosine over all 8 that ends near 0
+    lrs = [tr.sched.get_last_lr()[0]]
+    for _ in range(7):
+        tr.opt.step()
+        tr.sched.step()
+        lrs.append(tr.sched.get_last_lr()[0])
+    expect = [1e-3 * min(1.0, (i + 1) / 2) * 0.5 * (1 + math.cos(math.pi * i / 8)) for i in range(8)]
+    assert lrs == pytest.approx(expect, rel=1e-9)
+    assert lrs[1] == max(lrs) and lrs[-1] < 0.04 * lrs[1]
+
+
 @pytest.mark.parametrize("beta_kl", [0.01, 0.0])
 def test_paired_base_logs_the_base_reward_on_the_same_batch_and_leaves_training_alone(beta_kl):
     plain = make_trainer("grpo", **{"train.beta_kl": beta_kl})

@@ -192,6 +192,12 @@ class MethodConfig(_Strict):
                              "methods are tuned separately, as in any fair comparison")
     steps_factor: int = Field(1, ge=1, description="this method trains for steps_factor x train.steps steps (a "
                               "profile that shortens train.steps shortens it alike)")
+    batch_factor: int = Field(1, ge=1, description="this method draws batch_factor x train.prompts_per_step prompts "
+                              "per step (its images per step scale alike; a profile's smaller batch scales too)")
+    lr_schedule: Literal[LR_SCHEDULES] | None = Field(None, description="this method's LR schedule over its own "
+                                                      "steps (default: train.lr_schedule)")
+    warmup_frac: float | None = Field(None, ge=0, lt=1, description="linear LR warm-up over this fraction of the "
+                                      "method's steps (default: train.warmup_steps steps)")
     paired_base: bool = Field(
         False, description="also roll out the base model (the KL reference) on each step's prompts and image "
         "seeds and log its reward (reward/base_mean, reward/vs_base): the control variate of the training-reward test")
@@ -307,9 +313,14 @@ class Params(_Strict):
         return specs
 
     def train_for(self, name: str) -> "TrainConfig":
-        """params.train with the method's step count: train.steps x methods.<name>.steps_factor."""
-        factor = self.method(name).steps_factor
-        return self.train if factor == 1 else self.train.model_copy(update={"steps": self.train.steps * factor})
+        """params.train as the method trains: train.steps x steps_factor steps of train.prompts_per_step x
+        batch_factor prompts, under its own LR schedule and warm-up where it sets them."""
+        m, t = self.method(name), self.train
+        steps = t.steps * m.steps_factor
+        update = {"steps": steps, "prompts_per_step": t.prompts_per_step * m.batch_factor,
+                  "lr_schedule": m.lr_schedule or t.lr_schedule,
+                  "warmup_steps": t.warmup_steps if m.warmup_frac is None else round(m.warmup_frac * steps)}
+        return self.train if all(getattr(t, k) == v for k, v in update.items()) else t.model_copy(update=update)
 
     def method(self, name: str) -> "ResolvedMethod":
         if name not in self.methods:
@@ -336,6 +347,9 @@ class ResolvedMethod(_Strict):
     mte_scope: str
     lr: float | None
     steps_factor: int
+    batch_factor: int
+    lr_schedule: str | None
+    warmup_frac: float | None
     paired_base: bool
     k: float
     tau: float

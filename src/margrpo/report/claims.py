@@ -125,9 +125,10 @@ def build_claims(train: dict, evals: dict, methods: dict, timing: dict) -> list[
     evals: target -> {metric: [per replicate]}; methods: name -> MethodConfig dict;
     timing: method -> [time/step per seed]."""
 
-    # Every comparison is at the same number of training steps: a method trained longer
-    # (steps_factor > 1) is in the report's tables but not in the claims.
-    methods = {m: c for m, c in methods.items() if c.get("steps_factor", 1) == 1}
+    # Every comparison is at the same training budget and schedule: a method trained longer,
+    # on larger batches or under its own LR schedule is in the report's tables, not the claims.
+    methods = {m: c for m, c in methods.items() if c.get("steps_factor", 1) == 1 and c.get("batch_factor", 1) == 1
+               and c.get("lr_schedule") is None and c.get("warmup_frac") is None}
 
     def tr(method, kind, key):
         return train.get(method, {}).get(kind, {}).get(key)
