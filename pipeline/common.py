@@ -204,11 +204,12 @@ def file_digest(path: Path) -> str:
 def checkpoint_dir(params, method: str, seed: int) -> Path:
     """outputs/ckpt/<method>/<key>/seed<seed>: key hashes what determines the training run
     (train.seeds excluded: adding a seed must not discard the others' checkpoints)."""
+    from margrpo.config import BUDGET_DEFAULTS
+
     resolved = params.method(method)
     # The method's step count, batch and LR schedule are in "train" (train_for); paired_base
     # only adds a measurement, so runs without it keep the keys they had before it existed.
-    unkeyed = {"steps_factor", "batch_factor", "lr_schedule", "warmup_frac"} | (
-        set() if resolved.paired_base else {"paired_base"})
+    unkeyed = set(BUDGET_DEFAULTS) | (set() if resolved.paired_base else {"paired_base"})
     spec = {
         "method": resolved.model_dump(mode="json", exclude=unkeyed),
         "train": params.train_for(method).model_dump(mode="json", exclude={"seeds"}),

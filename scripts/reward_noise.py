@@ -26,7 +26,7 @@ from tqdm import tqdm
 from margrpo.config import load_params, parse_overrides
 from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
-from margrpo.rl.trainer import Trainer
+from margrpo.rl.trainer import Trainer, batch_metrics
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
     with torch.no_grad():
         for _ in tqdm(range(a.batches), desc="batches", leave=False):
             b = tr.collect()
-            gains.append((b.rewards.mean() - b.base_rewards.mean()).item())
+            gains.append(batch_metrics(b)["reward/vs_base"])
     n0 = a.prompts * params.train.group_size
     print(f"policy {a.policy}; {a.batches} batches of {n0} images; mean gain over all {a.batches * n0} images "
           f"{st.mean(gains):+.4f}")

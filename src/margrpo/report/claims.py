@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from margrpo.config import BUDGET_DEFAULTS
 from margrpo.stats import mean_std
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
@@ -127,8 +128,7 @@ def build_claims(train: dict, evals: dict, methods: dict, timing: dict) -> list[
 
     # Every comparison is at the same training budget and schedule: a method trained longer,
     # on larger batches or under its own LR schedule is in the report's tables, not the claims.
-    methods = {m: c for m, c in methods.items() if c.get("steps_factor", 1) == 1 and c.get("batch_factor", 1) == 1
-               and c.get("lr_schedule") is None and c.get("warmup_frac") is None}
+    methods = {m: c for m, c in methods.items() if all(c.get(k, v) == v for k, v in BUDGET_DEFAULTS.items())}
 
     def tr(method, kind, key):
         return train.get(method, {}).get(kind, {}).get(key)
