@@ -207,9 +207,10 @@ def checkpoint_dir(params, method: str, seed: int) -> Path:
     from margrpo.config import BUDGET_DEFAULTS
 
     resolved = params.method(method)
-    # The method's step count, batch and LR schedule are in "train" (train_for); paired_base
-    # only adds a measurement, so runs without it keep the keys they had before it existed.
-    unkeyed = set(BUDGET_DEFAULTS) | (set() if resolved.paired_base else {"paired_base"})
+    # The method's step count, batch, LR schedule and probe interval are in "train"
+    # (train_for); paired_base only adds a measurement, so runs without it keep the keys they
+    # had before it existed.
+    unkeyed = set(BUDGET_DEFAULTS) | {"grad_probe_every"} | (set() if resolved.paired_base else {"paired_base"})
     spec = {
         "method": resolved.model_dump(mode="json", exclude=unkeyed),
         "train": params.train_for(method).model_dump(mode="json", exclude={"seeds"}),

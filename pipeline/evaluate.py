@@ -7,7 +7,7 @@ for `base`, the one base model. Replicate s samples evaluate.images_per_prompt i
 per-image seeds for every target, so targets differ only in their weights. Outputs under
 reports/eval/<target>/: metrics.json (mean and std over replicates; DVC metrics),
 per_seed.json (each replicate's summary, for the report's error bars), per_seed_best.json
-(the same for the best checkpoints; methods only, {} for base), scores.csv (mean
+(the same for the best checkpoints, not resampled where best/ is final/; methods only, {} for base), scores.csv (mean
 score per GenEval tag and T2I category; a DVC bar plot) and grid.png (replicate 0,
 evaluate.grid_prompts prompts across tags; a DVC image plot).
 
@@ -82,6 +82,7 @@ def evaluate(target: str) -> None:
     metas = read_jsonl(common.TEST_PROMPTS)
     out = common.REPORTS / "eval" / target
     per_seed, per_seed_best, grid = {}, {}, None
+    sampled = len(params.train.seeds)  # replicates sampled and scored; a best that is the final is not resampled
     t0 = time.time()
     for replicate, seed in enumerate(params.train.seeds):
         per_seed[seed], picture = sample_and_score(params, common.model_for(target, seed, params), metas, replicate,
@@ -89,13 +90,18 @@ def evaluate(target: str) -> None:
         grid = grid or picture  # replicate 0's
         study.log_metrics(run_id, {f"seed{seed}/{k}": v for k, v in per_seed[seed].items()})
         if target != "base":  # the checkpoint with the best held-out score during training
-            per_seed_best[seed], _ = sample_and_score(params, common.model_for(target, seed, params, "best"), metas,
-                                                      replicate, desc=f"evaluate {target} seed {seed} (best)", grid=False)
+            if best_is_final(params, target, seed):  # selected at the last step: the same scores
+                per_seed_best[seed] = per_seed[seed]
+            else:
+                per_seed_best[seed], _ = sample_and_score(params, common.model_for(target, seed, params, "best"), metas,
+                                                          replicate, desc=f"evaluate {target} seed {seed} (best)",
+                                                          grid=False)
+                sampled += 1
             study.log_metrics(run_id, {f"seed{seed}/best/{k}": v for k, v in per_seed_best[seed].items()})
     agg = aggregate(list(per_seed.values()))
     metrics = {"mean": agg["mean"], "std": agg["std"], "replicates": len(per_seed),
                # images sampled and scored, the best checkpoints' included (eval_s covers both)
-               "images": len(metas) * params.evaluate.images_per_prompt * (len(per_seed) + len(per_seed_best)),
+               "images": len(metas) * params.evaluate.images_per_prompt * sampled,
                "time/eval_s": round(time.time() - t0, 1)}
     if per_seed_best:
         best = aggregate(list(per_seed_best.values()))
@@ -128,6 +134,16 @@ def check_models(params, target: str) -> None:
                                         "committed base model")
 
 
+def best_is_final(params, target: str, seed: int) -> bool:
+    """best/ holds the final weights (the held-out score peaked at the last step): every file
+    of final/ is in best/ byte for byte, so its test scores are the final's (same image
+    seeds) and are not sampled again. Rank 0 and the followers decide alike."""
+    final, best = (common.model_for(target, seed, params, which) for which in ("final", "best"))
+    files = [p.relative_to(final) for p in final.rglob("*") if p.is_file()]
+    return bool(files) and all((best / f).is_file() and (best / f).read_bytes() == (final / f).read_bytes()
+                               for f in files)
+
+
 def models_checked() -> None:
     """All ranks meet here after rank 0 has checked the models (no-op in one process). If
     rank 0's check fails it never arrives, and torchrun stops the waiting ranks."""
@@ -146,7 +162,7 @@ def follow(target: str) -> None:
     metas = read_jsonl(common.TEST_PROMPTS)
     for replicate, seed in enumerate(params.train.seeds):
         replicate_scores(params, common.model_for(target, seed, params), metas, replicate, grid=replicate == 0)
-        if target != "base":
+        if target != "base" and not best_is_final(params, target, seed):
             replicate_scores(params, common.model_for(target, seed, params, "best"), metas, replicate)
 
 

@@ -87,11 +87,33 @@ def test_repro_runs_every_stage_once_and_records_the_study(study):
         metrics = read_json(root / f"reports/eval/{target}/metrics.json")
         assert metrics["replicates"] == len(TINY["train"]["seeds"])
         assert (root / f"reports/eval/{target}/scores.csv").read_text().startswith("metric,score\n")
-    # A method's steps_factor and paired_base reach its training run through the pipeline.
+        if target == "base":
+            continue
+        # A best/ that holds the final weights (always so when selected at the last step) is
+        # not resampled: its scores are the final's.
+        per_seed, per_seed_best = (read_json(root / f"reports/eval/{target}/{f}.json") for f in ("per_seed", "per_seed_best"))
+        steps = TINY["train"]["steps"] * yaml.safe_load((root / "params.yaml").read_text())["methods"][target].get(
+            "steps_factor", 1)
+        same = []
+        for s in TINY["train"]["seeds"]:
+            final, best = (root / f"models/rl/{target}/seed{s}/{w}" for w in ("final", "best"))
+            weights = [p.name for p in final.glob("*.safetensors")]
+            if weights and all((final / w).read_bytes() == (best / w).read_bytes() for w in weights):
+                same.append(s)
+                assert per_seed_best[str(s)] == per_seed[str(s)], target
+            else:
+                assert read_json(best / "best.json")["step"] != steps, target
+        base = read_json(root / "reports/eval/base/metrics.json")
+        replicates = len(TINY["train"]["seeds"])
+        assert metrics["images"] * replicates == base["images"] * (2 * replicates - len(same)), (target, same)
+    # A method's steps_factor, paired_base and probe interval reach its training run through the pipeline.
     for m, cfg in yaml.safe_load((root / "params.yaml").read_text())["methods"].items():
         rows = [json.loads(line) for line in (root / f"reports/train/{m}/seeds/seed0/history.jsonl").read_text().splitlines()]
         assert len(rows) == TINY["train"]["steps"] * cfg.get("steps_factor", 1), m
         assert all(("reward/vs_base" in r) == cfg.get("paired_base", False) for r in rows), m
+        probe_every = cfg.get("grad_probe_every", TINY["train"]["grad_probe_every"])
+        assert [i for i, r in enumerate(rows) if "probe/snr" in r] == (
+            [i for i in range(len(rows)) if i % probe_every == 0] if probe_every else []), m
     plots = json.loads(dvc(root, "plots", "show", "--json"))
     assert not plots.get("errors"), plots.get("errors")
     assert {"training reward", "reports/eval/mar_grpo/scores.csv"} <= set(plots["data"])

@@ -145,6 +145,18 @@ def test_batch_factor_and_schedule_apply_to_that_method_only():
     assert lrs[1] == max(lrs) and lrs[-1] < 0.04 * lrs[1]
 
 
+def test_method_probe_interval_applies_to_that_method_and_leaves_training_alone():
+    over = {"train.grad_probe_every": 1, "methods.grpo.grad_probe_every": 0}
+    params = tiny_params(**over)
+    assert params.train_for("grpo").grad_probe_every == 0 and params.train_for("mar_grpo").grad_probe_every == 1
+    probed, quiet = make_trainer("grpo", **{"train.grad_probe_every": 1}), make_trainer("grpo", **over)
+    for _ in range(2):
+        a, b = probed.train_step(), quiet.train_step()
+        assert "probe/snr" in a and not any(k.startswith("probe/") for k in b)
+        assert a["reward/mean"] == b["reward/mean"] and a["loss/policy"] == b["loss/policy"]
+    assert all(torch.equal(x, y) for x, y in zip(probed.policy.parameters(), quiet.policy.parameters()))
+
+
 @pytest.mark.parametrize("beta_kl", [0.01, 0.0])
 def test_paired_base_logs_the_base_reward_on_the_same_batch_and_leaves_training_alone(beta_kl):
     plain = make_trainer("grpo", **{"train.beta_kl": beta_kl})

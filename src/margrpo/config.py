@@ -201,6 +201,8 @@ class MethodConfig(_Strict):
                                                       "steps (default: train.lr_schedule)")
     warmup_frac: float | None = Field(None, ge=0, lt=1, description="linear LR warm-up over this fraction of the "
                                       "method's steps (default: train.warmup_steps steps)")
+    grad_probe_every: int | None = Field(None, ge=0, description="this method's gradient-probe interval in "
+                                         "steps (default: train.grad_probe_every); 0 = off")
     paired_base: bool = Field(
         False, description="also roll out the base model (the KL reference) on each step's prompts and image "
         "seeds and log its reward (reward/base_mean, reward/vs_base): the control variate of the training-reward test")
@@ -317,12 +319,13 @@ class Params(_Strict):
 
     def train_for(self, name: str) -> "TrainConfig":
         """params.train as the method trains: train.steps x steps_factor steps of train.prompts_per_step x
-        batch_factor prompts, under its own LR schedule and warm-up where it sets them."""
+        batch_factor prompts, under its own LR schedule, warm-up and probe interval where it sets them."""
         m, t = self.method(name), self.train
         steps = t.steps * m.steps_factor
         update = {"steps": steps, "prompts_per_step": t.prompts_per_step * m.batch_factor,
                   "lr_schedule": m.lr_schedule or t.lr_schedule,
-                  "warmup_steps": t.warmup_steps if m.warmup_frac is None else round(m.warmup_frac * steps)}
+                  "warmup_steps": t.warmup_steps if m.warmup_frac is None else round(m.warmup_frac * steps),
+                  "grad_probe_every": t.grad_probe_every if m.grad_probe_every is None else m.grad_probe_every}
         return self.train if all(getattr(t, k) == v for k, v in update.items()) else t.model_copy(update=update)
 
     def method(self, name: str) -> "ResolvedMethod":
@@ -353,6 +356,7 @@ class ResolvedMethod(_Strict):
     batch_factor: int
     lr_schedule: str | None
     warmup_frac: float | None
+    grad_probe_every: int | None
     paired_base: bool
     k: float
     tau: float
