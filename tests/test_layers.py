@@ -16,7 +16,7 @@ SRC = ROOT / "src" / "margrpo"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # params.yaml schema, shared helpers, and the reward table (names only, no imports)
-    ("base", ("margrpo", "margrpo.config", "margrpo.jsonl", "margrpo.stats", "margrpo.rewards.table")),
+    ("base", ("margrpo", "margrpo.config", "margrpo.config_sections", "margrpo.jsonl", "margrpo.stats", "margrpo.rewards.table")),
     # the model core (knows no world, no benchmark) and the reward scorers
     ("backends", ("margrpo.models", "margrpo.rewards")),
     # GenEval / T2I-CompBench rules, detections, real-image protocols (never the world)

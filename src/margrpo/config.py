@@ -23,23 +23,23 @@ MAR-GRPO method.
 """
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, ValidationError, model_validator
 
 from margrpo import paramfile
 from margrpo.checkfiles import CorruptFileError, check_model_dir
 from margrpo.paramfile import ParamsError, parse_overrides
-from margrpo.rewards.table import check_spec
+# The model and data sections live in config_sections; loading and pretraining import
+# ModelConfig, SamplingConfig and PretrainConfig from here.
+from margrpo.config_sections import ModelConfig, PretrainConfig, RewardSpec, SamplingConfig, Strict, WorldConfig, problem
 
-__all__ = ["Params", "ParamsError", "load_params", "parse_params", "parse_overrides"]
+__all__ = ["Params", "ParamsError", "load_params", "parse_params", "parse_overrides", "ModelConfig", "PretrainConfig",
+           "SamplingConfig"]
 
 # Allowed values of the enumerated keys; modules that branch on them import these.
-SAMPLERS = ("ddpm", "flow")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 ESTIMATORS = ("single", "resample", "elbo", "posterior")
 CONSISTENCY_RULES = ("paper", "code")
@@ -58,125 +58,7 @@ CHECKPOINT_FIX = ("set model.checkpoint to a trained model folder (the study's m
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
-def _problem(key: str, message: str, fix: str) -> PydanticCustomError:
-    """An error located at `key` (relative to the model that raises it; the formatter gives
-    its line), with the fix to print."""
-    return PydanticCustomError("cross_field", "{message}", {"key": key, "message": message, "fix": fix})
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class WorldConfig(_Strict):
-    image_size: int = Field(32, ge=8, description="pixels; must be divisible by model.patch_size")
-    train_prompts_per_tag: int = Field(64, ge=1)
-    heldout_prompts_per_tag: int = Field(16, ge=1)
-    seed: int = 0
-
-
-class ModelConfig(_Strict):
-    kind: Literal["tiny", "nova", "harmon"] = Field(
-        "tiny", description="tiny: the embedded TinyMAR at model.checkpoint; nova | harmon: the published "
-        "model folder at model.weights (docs/models.md)")
-    weights: str | None = Field(None, description="nova / harmon: local path of the published model folder")
-    checkpoint: str = Field("models/base", description="folder with config.json + safetensors")
-    patch_size: int = Field(8, ge=1)
-    width: int = Field(192, ge=16)
-    depth: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    cond_dim: int = Field(192, ge=8)
-    head_width: int = Field(256, ge=16)
-    head_depth: int = Field(3, ge=1)
-    sampler: Literal[SAMPLERS] = "flow"
-    flow_shift: float = Field(3.0, gt=0, description="flow sampler only: sigma shift (>1 spends more "
-                              "training and sampling on high noise, where a token's colour and shape are decided)")
-    max_prompt_len: int = Field(16, ge=4)
-    # ---- nova / harmon adapters only (docs/models.md)
-    image_size: int | None = Field(None, ge=16, description="harmon: generated image size in pixels (None: the "
-                                   "authors' 512); nova takes it from its transformer config")
-    gradient_checkpointing: bool = Field(False, description="recompute the AR transformer's activations in backward")
-    transformer_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="autocast dtype of the AR transformer; head chains and log-probs stay float32")
-    lora_rank: int = Field(0, ge=0, description="LoRA rank (peft) on the AR transformer's linear layers; 0 = off")
-    lora_alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (scale = alpha / rank)")
-    train_text_encoder: bool = Field(False, description="also train the text encoder (frozen by default)")
-
-    @model_validator(mode="after")
-    def _adapter_keys(self) -> "ModelConfig":
-        if self.kind == "tiny":
-            set_keys = [k for k, default in _ADAPTER_DEFAULTS.items() if getattr(self, k) != default]
-            if set_keys:
-                raise _problem(set_keys[0], "applies to model.kind nova or harmon only (model.kind is tiny)",
-                               "remove it or set model.kind")
-        elif not self.weights:
-            raise _problem("weights", f"missing: model.kind={self.kind} needs the published {self.kind} folder",
-                           "set model.weights to its local path (docs/models.md lists the expected files)")
-        if self.kind == "nova" and self.image_size is not None:
-            raise _problem("image_size", "is fixed by NOVA's transformer config", "remove it for model.kind=nova")
-        return self
-
-
-_ADAPTER_DEFAULTS = {"weights": None, "image_size": None, "gradient_checkpointing": False,
-                     "transformer_dtype": "float32", "lora_rank": 0, "train_text_encoder": False}
-
-
-class PretrainConfig(_Strict):
-    steps: int = Field(3000, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(300, ge=1)
-    decay_steps: int = Field(600, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
-    weight_decay: float = Field(0.02, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    ema_decay: float = Field(0.999, ge=0, lt=1)
-    prompt_dropout: float = Field(0.1, ge=0, lt=1)
-    diffusion_batch_mul: int = Field(2, ge=1)
-    seed: int = 0
-    log_every: int = Field(50, ge=1)
-    compile: bool = True
-
-
-class SamplingConfig(_Strict):
-    num_ar_steps: int = Field(4, ge=1)
-    head_steps: int = Field(20, ge=2)
-    cfg_scale: float = Field(3.0, ge=0)
-    temperature: float = Field(1.0, gt=0)
-
-
-class RewardSpec(BaseModel):
-    # Backend kwargs pass through to the reward factory; names and keys are checked here
-    # against margrpo.rewards.table (plain data, no backend import).
-    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
-    name: str
-    weight: float = 1.0
-
-    @model_validator(mode="after")
-    def _known_reward(self) -> "RewardSpec":
-        spec = self.model_dump()
-        for key, value in spec.items():
-            if not _finite(value):
-                raise _problem(key, f"{value!r} is not a finite number", "give it a finite value")
-        problems = check_spec(spec)
-        if problems:
-            key, _, message = problems[0].partition(": ")
-            raise _problem(key, message, "use one of those (docs/backends.md lists each backend's keys)")
-        if self.weight == 0:
-            raise _problem("weight", "weight 0 turns this reward off", "remove the entry, or give it a weight")
-        return self
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, (list, tuple)):
-        return all(map(_finite, value))
-    if isinstance(value, dict):
-        return all(map(_finite, value.values()))
-    return True
-
-
-class MethodConfig(_Strict):
+class MethodConfig(Strict):
     """One trained method. Vanilla GRPO and MAR-GRPO differ only here (same code path)."""
 
     freeze_head: bool
@@ -209,7 +91,7 @@ class MethodConfig(_Strict):
     uses_ablation_keys: bool = Field(False, description="read top-level k / tau / num_trajectories")
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     steps: int = Field(20, ge=1)
     prompts_per_step: int = Field(16, ge=1)
@@ -245,14 +127,14 @@ class TrainConfig(_Strict):
         return "guided_full" if self.cfg_null_grad else "guided"
 
 
-class EvaluateConfig(_Strict):
+class EvaluateConfig(Strict):
     images_per_prompt: int = Field(4, ge=1)
     seed: int = 1234
     batch_size: int = Field(64, ge=1)
     grid_prompts: int = Field(8, ge=1)
 
 
-class RuntimeConfig(_Strict):
+class RuntimeConfig(Strict):
     """Where and how the model computes; applied by margrpo.models.device.place."""
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when PyTorch sees a GPU, else CPU")
@@ -261,7 +143,7 @@ class RuntimeConfig(_Strict):
     nproc: int = Field(2, ge=1, description="processes (torchrun ranks) that train and evaluate data-parallel; 1 = one process")
 
 
-class Params(_Strict):
+class Params(Strict):
     k: float = Field(0.3, ge=0, le=1, description="top uncertain token fraction for MTE")
     tau: float = Field(0.0, ge=-1, le=1, description="consistency threshold (cosine)")
     num_trajectories: int = Field(4, ge=1, description="M extra head chains")
@@ -280,32 +162,32 @@ class Params(_Strict):
     def _cross_checks(self) -> "Params":
         size, patch = self.world.image_size, self.model.patch_size
         if size % patch:
-            raise _problem("world.image_size", f"{size} is not divisible by model.patch_size={patch}",
+            raise problem("world.image_size", f"{size} is not divisible by model.patch_size={patch}",
                            "choose a patch size that divides the image size (8 for 32 px)")
         n_tokens = (size // patch) ** 2
         s, t = self.sampling, self.train
         if self.model.kind == "tiny" and s.num_ar_steps > n_tokens:
-            raise _problem("sampling.num_ar_steps", f"{s.num_ar_steps} exceeds the {n_tokens} tokens per image",
+            raise problem("sampling.num_ar_steps", f"{s.num_ar_steps} exceeds the {n_tokens} tokens per image",
                            f"use at most {n_tokens} AR steps (one token per step at least)")
         if self.pretrain.decay_steps > self.pretrain.steps:
-            raise _problem("pretrain.decay_steps", f"{self.pretrain.decay_steps} exceeds pretrain.steps="
+            raise problem("pretrain.decay_steps", f"{self.pretrain.decay_steps} exceeds pretrain.steps="
                            f"{self.pretrain.steps}", "decay over at most pretrain.steps steps (0 = no decay)")
         if t.loss_ar_steps > s.num_ar_steps:
-            raise _problem("train.loss_ar_steps", f"{t.loss_ar_steps} exceeds sampling.num_ar_steps={s.num_ar_steps}",
+            raise problem("train.loss_ar_steps", f"{t.loss_ar_steps} exceeds sampling.num_ar_steps={s.num_ar_steps}",
                            "use at most sampling.num_ar_steps (0 = all of them)")
         if t.loss_head_steps > s.head_steps:
-            raise _problem("train.loss_head_steps", f"{t.loss_head_steps} exceeds sampling.head_steps={s.head_steps}",
+            raise problem("train.loss_head_steps", f"{t.loss_head_steps} exceeds sampling.head_steps={s.head_steps}",
                            "use at most sampling.head_steps")
         window = t.loss_head_window
         if window and not t.loss_head_steps <= window <= s.head_steps:
-            raise _problem("train.loss_head_window", f"{window} is outside [train.loss_head_steps="
+            raise problem("train.loss_head_window", f"{window} is outside [train.loss_head_steps="
                            f"{t.loss_head_steps}, sampling.head_steps={s.head_steps}]",
                            "choose a window in that range, or 0 for all steps")
         if len(set(t.seeds)) != len(t.seeds):
-            raise _problem("train.seeds", f"{t.seeds} repeats a seed", "list each seed once (one trained model each)")
+            raise problem("train.seeds", f"{t.seeds} repeats a seed", "list each seed once (one trained model each)")
         total = sum(r.weight for r in self.rewards)
         if total <= 0:
-            raise _problem("rewards", f"the reward weights sum to {total:g}",
+            raise problem("rewards", f"the reward weights sum to {total:g}",
                            "make the total weight positive (a higher reward must mean a better image)")
         return self
 
@@ -341,7 +223,7 @@ class Params(_Strict):
         )
 
 
-class ResolvedMethod(_Strict):
+class ResolvedMethod(Strict):
     name: str
     freeze_head: bool
     estimator: str

@@ -1,0 +1,133 @@
+"""The schemas of params.yaml's model and data sections (world, model, pretrain, sampling,
+rewards) and the error helper every section's validator raises; margrpo.config builds
+`Params` from them and re-exports them. No torch, no backend import (see margrpo.config).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from margrpo.rewards.table import check_spec
+
+SAMPLERS = ("ddpm", "flow")
+
+
+def problem(key: str, message: str, fix: str) -> PydanticCustomError:
+    """An error located at `key` (relative to the model that raises it; the formatter gives
+    its line), with the fix to print."""
+    return PydanticCustomError("cross_field", "{message}", {"key": key, "message": message, "fix": fix})
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class WorldConfig(Strict):
+    image_size: int = Field(32, ge=8, description="pixels; must be divisible by model.patch_size")
+    train_prompts_per_tag: int = Field(64, ge=1)
+    heldout_prompts_per_tag: int = Field(16, ge=1)
+    seed: int = 0
+
+
+class ModelConfig(Strict):
+    kind: Literal["tiny", "nova", "harmon"] = Field(
+        "tiny", description="tiny: the embedded TinyMAR at model.checkpoint; nova | harmon: the published "
+        "model folder at model.weights (docs/models.md)")
+    weights: str | None = Field(None, description="nova / harmon: local path of the published model folder")
+    checkpoint: str = Field("models/base", description="folder with config.json + safetensors")
+    patch_size: int = Field(8, ge=1)
+    width: int = Field(192, ge=16)
+    depth: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    cond_dim: int = Field(192, ge=8)
+    head_width: int = Field(256, ge=16)
+    head_depth: int = Field(3, ge=1)
+    sampler: Literal[SAMPLERS] = "flow"
+    flow_shift: float = Field(3.0, gt=0, description="flow sampler only: sigma shift (>1 spends more "
+                              "training and sampling on high noise, where a token's colour and shape are decided)")
+    max_prompt_len: int = Field(16, ge=4)
+    # ---- nova / harmon adapters only (docs/models.md)
+    image_size: int | None = Field(None, ge=16, description="harmon: generated image size in pixels (None: the "
+                                   "authors' 512); nova takes it from its transformer config")
+    gradient_checkpointing: bool = Field(False, description="recompute the AR transformer's activations in backward")
+    transformer_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="autocast dtype of the AR transformer; head chains and log-probs stay float32")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank (peft) on the AR transformer's linear layers; 0 = off")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (scale = alpha / rank)")
+    train_text_encoder: bool = Field(False, description="also train the text encoder (frozen by default)")
+
+    @model_validator(mode="after")
+    def _adapter_keys(self) -> "ModelConfig":
+        if self.kind == "tiny":
+            set_keys = [k for k, default in _ADAPTER_DEFAULTS.items() if getattr(self, k) != default]
+            if set_keys:
+                raise problem(set_keys[0], "applies to model.kind nova or harmon only (model.kind is tiny)",
+                               "remove it or set model.kind")
+        elif not self.weights:
+            raise problem("weights", f"missing: model.kind={self.kind} needs the published {self.kind} folder",
+                           "set model.weights to its local path (docs/models.md lists the expected files)")
+        if self.kind == "nova" and self.image_size is not None:
+            raise problem("image_size", "is fixed by NOVA's transformer config", "remove it for model.kind=nova")
+        return self
+
+
+_ADAPTER_DEFAULTS = {"weights": None, "image_size": None, "gradient_checkpointing": False,
+                     "transformer_dtype": "float32", "lora_rank": 0, "train_text_encoder": False}
+
+
+class PretrainConfig(Strict):
+    steps: int = Field(3000, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(300, ge=1)
+    decay_steps: int = Field(600, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
+    weight_decay: float = Field(0.02, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    ema_decay: float = Field(0.999, ge=0, lt=1)
+    prompt_dropout: float = Field(0.1, ge=0, lt=1)
+    diffusion_batch_mul: int = Field(2, ge=1)
+    seed: int = 0
+    log_every: int = Field(50, ge=1)
+    compile: bool = True
+
+
+class SamplingConfig(Strict):
+    num_ar_steps: int = Field(4, ge=1)
+    head_steps: int = Field(20, ge=2)
+    cfg_scale: float = Field(3.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+
+
+class RewardSpec(BaseModel):
+    # Backend kwargs pass through to the reward factory; names and keys are checked here
+    # against margrpo.rewards.table (plain data, no backend import).
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+    name: str
+    weight: float = 1.0
+
+    @model_validator(mode="after")
+    def _known_reward(self) -> "RewardSpec":
+        spec = self.model_dump()
+        for key, value in spec.items():
+            if not finite(value):
+                raise problem(key, f"{value!r} is not a finite number", "give it a finite value")
+        problems = check_spec(spec)
+        if problems:
+            key, _, message = problems[0].partition(": ")
+            raise problem(key, message, "use one of those (docs/backends.md lists each backend's keys)")
+        if self.weight == 0:
+            raise problem("weight", "weight 0 turns this reward off", "remove the entry, or give it a weight")
+        return self
+
+
+def finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(map(finite, value))
+    if isinstance(value, dict):
+        return all(map(finite, value.values()))
+    return True
