@@ -106,15 +106,48 @@ def run(stage: str, flow, *args) -> None:
     _end_study("FINISHED")
 
 
-def run_keyed(stage: str, option: str, help: str, launch, doc: str) -> None:
-    """The entry point of a foreach stage, `python -m pipeline.<stage> --<option> KEY`:
-    run(f"{stage}@{KEY}", launch, KEY). doc: the module docstring (its first line is the
-    command's description)."""
+def _key(option: str, help: str, doc: str) -> str:
+    """The value of --<option> on the command line (doc's first line describes the command)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument(f"--{option}", required=True, help=help)
-    key = getattr(parser.parse_args(), option)
+    return getattr(parser.parse_args(), option)
+
+
+def run_keyed(stage: str, option: str, help: str, launch, doc: str) -> None:
+    """The entry point of a foreach stage, `python -m pipeline.<stage> --<option> KEY`:
+    run(f"{stage}@{KEY}", launch, KEY). doc: the module docstring (its first line is the
+    command's description)."""
+    key = _key(option, help, doc)
+    run(f"{stage}@{key}", launch, key)
+
+
+def start_ranks_early(stage: str, option: str, help: str, doc: str, module: str, check=None) -> None:
+    """Called by a data-parallel stage (train, evaluate) before it imports Prefect and torch.
+    In the stage's own process with runtime.nproc > 1: validate params.yaml, run check(params),
+    start the ranks of `python -m module` under torchrun and exit with their status, all
+    inside run() (errors in one line, the same exit codes). The ranks import what they need;
+    this process imports neither (about 4 s a stage on 2 cores). Returns at once in a rank,
+    with one process, and when params.yaml does not validate (the stage's main() reports it)."""
+    from margrpo.config import ParamsError
+    from margrpo.rl.launch import start_ranks, under_torchrun
+
+    if under_torchrun():
+        return
+    key = _key(option, help, doc)
+    try:
+        nproc = load().runtime.nproc
+    except ParamsError:
+        return
+    if nproc <= 1:
+        return
+
+    def launch(_key: str) -> None:
+        if check is not None:
+            check(load())
+        sys.exit(start_ranks(nproc, module, sys.argv[1:]))
+
     run(f"{stage}@{key}", launch, key)
 
 

@@ -15,9 +15,13 @@ With runtime.nproc > 1 the stage runs as that many torchrun ranks: rank 0 runs t
 the others follow it (`follow`); each replicate's sampling and scoring is shared over them
 (margrpo.study.sample_and_score) with exactly the single-process per-image scores.
 """
-from pipeline.common import preamble
+from pipeline.common import preamble, start_ranks_early
 
 preamble()
+
+TARGET_HELP = "base or a key of params.yaml `methods`"
+if __name__ == "__main__":  # the stage's own process starts the ranks and exits here
+    start_ranks_early("evaluate", "target", TARGET_HELP, __doc__, "pipeline.evaluate")
 
 import json  # noqa: E402
 import time  # noqa: E402
@@ -167,7 +171,7 @@ def follow(target: str) -> None:
 
 
 def main() -> None:
-    common.run_keyed("evaluate", "target", "base or a key of params.yaml `methods`", launch, __doc__)
+    common.run_keyed("evaluate", "target", TARGET_HELP, launch, __doc__)
 
 
 def launch(target: str) -> None:

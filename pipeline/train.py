@@ -17,9 +17,16 @@ With runtime.nproc > 1 the stage runs as that many torchrun ranks (data parallel
 margrpo/rl/distributed.py): rank 0 runs the flow (MLflow, files), the others train the same
 seeds in the same order (`follow`); every rank takes whole groups of each step's prompts.
 """
-from pipeline.common import preamble
+from pipeline.common import preamble, start_ranks_early
 
 preamble()
+
+METHOD_HELP = "a key of params.yaml `methods`"
+if __name__ == "__main__":  # the stage's own process starts the ranks and exits here
+    from margrpo.rl.launch import check_shardable
+
+    start_ranks_early("train", "method", METHOD_HELP, __doc__, "pipeline.train",
+                      check=lambda p: check_shardable(p.train.prompts_per_step, p.runtime.nproc))
 
 import shutil  # noqa: E402
 import time  # noqa: E402
@@ -125,7 +132,7 @@ def follow(method: str) -> None:
 
 
 def main() -> None:
-    common.run_keyed("train", "method", "a key of params.yaml `methods`", launch, __doc__)
+    common.run_keyed("train", "method", METHOD_HELP, launch, __doc__)
 
 
 def launch(method: str) -> None:

@@ -118,6 +118,31 @@ def test_a_step_that_does_not_split_over_the_ranks_is_refused():
         Trainer(new_model(params, VOCAB), params, params.method("grpo"), 0, [], None, world=World(0, 2))
 
 
+# The stage's own process (train@grpo here), with start_ranks stubbed: it validates params,
+# runs the stage's check and would start the ranks, having imported neither torch nor Prefect.
+STAGE_PROCESS = """
+import sys
+import margrpo.rl.launch as launch
+from pipeline.common import start_ranks_early
+sys.argv = ["pipeline.train", "--method", "grpo"]
+launch.start_ranks = lambda n, module, args: print("start", n, module, args, "torch" in sys.modules,
+                                                    "prefect" in sys.modules) or 0
+start_ranks_early("train", "method", "a method", "doc", "pipeline.train", check=CHECK)
+print("returned")
+"""
+
+
+@pytest.mark.parametrize("check, expect", [
+    ("None", "start 2 pipeline.train ['--method', 'grpo'] False False"),
+    ("lambda p: launch.check_shardable(3, p.runtime.nproc)", "train@grpo: failed: ValueError: train.prompts_per_step=3")])
+def test_a_stage_process_starts_its_ranks_without_torch_or_prefect(check, expect):
+    repo = TESTS.parent
+    out = subprocess.run([sys.executable, "-c", STAGE_PROCESS.replace("CHECK", check)], cwd=repo, text=True,
+                         capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert expect in out.stdout + out.stderr and "returned" not in out.stdout, out.stdout + out.stderr
+    assert out.returncode == (0 if check == "None" else 1), out.stdout + out.stderr
+
+
 def test_shards_and_batches_cover_everything_once():
     assert [World(r, 3).shard(12) for r in range(3)] == [slice(0, 4), slice(4, 8), slice(8, 12)]
     assert my_batches(10, 3, World(0, 2)) == [slice(0, 3), slice(6, 9)]  # round-robin

@@ -18,7 +18,6 @@ round alike and every per-image score is exactly the single-process one.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
@@ -27,16 +26,13 @@ import torch
 import torch.distributed as dist
 
 from margrpo.models.device import resolve_device
+# torch-free, so that a stage's launching process imports no torch (launch.py)
+from margrpo.rl.launch import check_shardable, start_ranks, torchrun_command, under_torchrun
+
+__all__ = ["World", "check_launch", "check_shardable", "current", "init", "map_batches", "my_batches", "run_stage",
+           "shutdown", "torchrun_command", "under_torchrun"]
 
 T = TypeVar("T")
-
-
-def check_shardable(prompts_per_step: int, nproc: int) -> None:
-    """Each rank takes whole groups: the prompts of a step must split evenly."""
-    if prompts_per_step % nproc:
-        raise ValueError(f"train.prompts_per_step={prompts_per_step} does not split over runtime.nproc={nproc} "
-                         "processes (each takes whole groups, so that group advantages stay exact); "
-                         "make train.prompts_per_step a multiple of runtime.nproc")
 
 
 @dataclass(frozen=True)
@@ -125,11 +121,6 @@ def current() -> World:
     return World(dist.get_rank(), dist.get_world_size(), device)
 
 
-def under_torchrun() -> bool:
-    """True in a process started by torchrun (it sets these variables for every rank)."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def init(device: str) -> World:
     """Join torchrun's process group (NCCL on CUDA, gloo on the CPU), one GPU per local rank;
     a plain process stays a single-process World."""
@@ -137,24 +128,19 @@ def init(device: str) -> World:
         return current()
     dev = resolve_device(device)
     if dev.type == "cuda":
+        # the launching process did not look (it imports no torch): each rank checks
+        check_launch(device, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])))
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     return current()
 
 
 def check_launch(device: str, nproc: int) -> None:
-    """Before starting nproc ranks: one GPU each on CUDA."""
+    """One GPU per rank on CUDA: before starting nproc ranks, or in each rank (`init`)."""
     dev = resolve_device(device)
     if dev.type == "cuda" and torch.cuda.device_count() < nproc:
         raise ValueError(f"runtime.nproc={nproc} needs one GPU per process but PyTorch sees "
                          f"{torch.cuda.device_count()}; lower runtime.nproc or set CUDA_VISIBLE_DEVICES")
-
-
-def torchrun_command(nproc: int, module: str, args: Sequence[str]) -> list[str]:
-    """torchrun (through margrpo.rl.launch: a failed rank in one line) starting nproc ranks of
-    `python -m module args` on this node."""
-    return [sys.executable, "-m", "margrpo.rl.launch", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", module, *args]
 
 
 def run_stage(runtime, module: str, lead: Callable[[], None], follow: Callable[[], None]) -> None:
@@ -164,18 +150,7 @@ def run_stage(runtime, module: str, lead: Callable[[], None], follow: Callable[[
     follow() on the others, the same collective work without the files and logging."""
     if runtime.nproc > 1 and not under_torchrun():
         check_launch(runtime.device, runtime.nproc)
-        # Each rank's share of the cores for its intra-op threads. Left unset, torchrun sets
-        # 1 and prints a four-line warning into every stage's output.
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // runtime.nproc)))
-        proc = subprocess.Popen(torchrun_command(runtime.nproc, module, sys.argv[1:]), env=env)
-        try:
-            sys.exit(proc.wait())
-        except BaseException:  # SIGTERM / Ctrl-C of the stage: torchrun stops its ranks on SIGTERM
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=60)
-            raise
+        sys.exit(start_ranks(runtime.nproc, module, sys.argv[1:]))
     world = init(runtime.device)
     try:
         (lead if world.main else follow)()
