@@ -49,6 +49,8 @@ MTE_SCOPES = ("loss", "committed")
 # A method's own training budget and schedule (MethodConfig), with the values that mean
 # "as train": Params.train_for folds them into the method's TrainConfig.
 BUDGET_DEFAULTS = {"steps_factor": 1, "batch_factor": 1, "lr_schedule": None, "warmup_frac": None}
+# Every MethodConfig field that Params.train_for folds into the method's TrainConfig.
+IN_TRAIN = (*BUDGET_DEFAULTS, "grad_probe_every")
 # params.model keys that must equal a checkpoint's config.json (the rest are paths).
 ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler",
              "flow_shift", "max_prompt_len")
