@@ -137,16 +137,16 @@ def start_ranks_early(stage: str, option: str, help: str, doc: str, module: str,
         return
     key = _key(option, help, doc)
     try:
-        nproc = load().runtime.nproc
+        params = load()
     except ParamsError:
         return
-    if nproc <= 1:
+    if params.runtime.nproc <= 1:
         return
 
     def launch(_key: str) -> None:
         if check is not None:
-            check(load())
-        sys.exit(start_ranks(nproc, module, sys.argv[1:]))
+            check(params)
+        sys.exit(start_ranks(params.runtime.nproc, module, sys.argv[1:]))
 
     run(f"{stage}@{key}", launch, key)
 
