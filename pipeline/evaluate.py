@@ -6,8 +6,10 @@ for a trained method, replicate s scores the final and the best model trained wi
 for `base`, the one base model. Replicate s samples evaluate.images_per_prompt images per prompt with the same
 per-image seeds for every target, so targets differ only in their weights. Outputs under
 reports/eval/<target>/: metrics.json (mean and std over replicates; DVC metrics),
-per_seed.json (each replicate's summary, for the report's error bars), per_seed_best.json
-(the same for the best checkpoints, not resampled where best/ is final/; methods only, {} for base), scores.csv (mean
+per_seed.json (each replicate's summary), per_seed_best.json (the same for the best
+checkpoints, not resampled where best/ is final/; methods only, {} for base), per_prompt.json
+(every prompt's mean score per seed, final and best: the report's intervals over seeds and
+prompts), scores.csv (mean
 score per GenEval tag and T2I category; a DVC bar plot) and grid.png (replicate 0,
 evaluate.grid_prompts prompts across tags; a DVC image plot).
 
@@ -33,32 +35,39 @@ from pipeline import common  # noqa: E402
 
 
 def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc: str = "", grid: bool = False):
-    """(summary metrics, grid image or None) of one replicate; every rank calls it alike."""
+    """(summary metrics, per-prompt scores, grid image or None) of one replicate, scored by
+    the evaluation judge (and the reward's detector as proxy_*); every rank calls it alike."""
     import torch
 
     from margrpo.models.loading import load_model
     from margrpo.study import sample_and_score
-    from margrpo.world.evaluator import WorldEvaluator
-    from margrpo.world.generate import grid_prompt_indices, image_grid, image_seeds, summarize
+    from margrpo.world.generate import grid_prompt_indices, image_grid, image_seeds, per_prompt, summarize
+    from margrpo.world.judge import JudgedEvaluator
 
     model = load_model(model_path, params)
     e = params.evaluate
     seeds = image_seeds(e.seed, replicate, len(metas), e.images_per_prompt)
     rows = grid_prompt_indices(metas, e.grid_prompts) if grid else []
     keep = [r * e.images_per_prompt + k for r in rows for k in range(e.images_per_prompt)]
-    scores, kept = sample_and_score(model, metas, seeds, e.batch_size, WorldEvaluator(params.world.image_size),
+    scores, kept = sample_and_score(model, metas, seeds, e.batch_size, JudgedEvaluator(params.world.image_size),
                                     keep=keep, progress=True, desc=desc)
     picture = None
     if grid:
         images = torch.stack([kept[i] for i in keep]).unflatten(0, (len(rows), e.images_per_prompt))
         picture = image_grid(images, [metas[r]["prompt"] for r in rows])
-    return summarize(scores), picture
+    return summarize(scores), per_prompt(scores, len(metas)), picture
 
 
 @task(cache_policy=NO_CACHE)
 def sample_and_score(params, model_path, metas: list[dict], replicate: int, desc: str, grid: bool | None = None):
     """Not retried: with several ranks a retry on rank 0 alone would desynchronise them."""
     return replicate_scores(params, model_path, metas, replicate, desc, grid=replicate == 0 if grid is None else grid)
+
+
+def prompt_rows(metas: list[dict]) -> list[dict]:
+    """The per-prompt file's prompt list: text, tag, category and test subset."""
+    return [{"prompt": m["prompt"], "tag": m.get("tag"), "category": m.get("category"),
+             "subset": m.get("subset", "test")} for m in metas]
 
 
 def scores_csv(mean: dict[str, float]) -> str:
@@ -86,20 +95,21 @@ def evaluate(target: str) -> None:
     metas = read_jsonl(common.TEST_PROMPTS)
     out = common.REPORTS / "eval" / target
     per_seed, per_seed_best, grid = {}, {}, None
+    prompts = {"final": {}, "best": {}}   # seed -> per-prompt scores (the report's intervals)
     sampled = len(params.train.seeds)  # replicates sampled and scored; a best that is the final is not resampled
     t0 = time.time()
     for replicate, seed in enumerate(params.train.seeds):
-        per_seed[seed], picture = sample_and_score(params, common.model_for(target, seed, params), metas, replicate,
-                                                   desc=f"evaluate {target} seed {seed}")
+        per_seed[seed], prompts["final"][str(seed)], picture = sample_and_score(
+            params, common.model_for(target, seed, params), metas, replicate, desc=f"evaluate {target} seed {seed}")
         grid = grid or picture  # replicate 0's
         study.log_metrics(run_id, {f"seed{seed}/{k}": v for k, v in per_seed[seed].items()})
         if target != "base":  # the checkpoint with the best held-out score during training
             if best_is_final(params, target, seed):  # selected at the last step: the same scores
-                per_seed_best[seed] = per_seed[seed]
+                per_seed_best[seed], prompts["best"][str(seed)] = per_seed[seed], prompts["final"][str(seed)]
             else:
-                per_seed_best[seed], _ = sample_and_score(params, common.model_for(target, seed, params, "best"), metas,
-                                                          replicate, desc=f"evaluate {target} seed {seed} (best)",
-                                                          grid=False)
+                per_seed_best[seed], prompts["best"][str(seed)], _ = sample_and_score(
+                    params, common.model_for(target, seed, params, "best"), metas, replicate,
+                    desc=f"evaluate {target} seed {seed} (best)", grid=False)
                 sampled += 1
             study.log_metrics(run_id, {f"seed{seed}/best/{k}": v for k, v in per_seed_best[seed].items()})
     agg = aggregate(list(per_seed.values()))
@@ -115,6 +125,8 @@ def evaluate(target: str) -> None:
     common.write_text(scores_csv(agg["mean"]), out / "scores.csv")
     common.write_json({str(k): v for k, v in per_seed.items()}, out / "per_seed.json")
     common.write_json({str(k): v for k, v in per_seed_best.items()}, out / "per_seed_best.json")
+    common.write_json({"images_per_prompt": params.evaluate.images_per_prompt, "prompts": prompt_rows(metas),
+                       **prompts}, out / "per_prompt.json")
     common.write_json(metrics, out / "metrics.json")
     # 4 decimals (far below the replicate noise): readable in the runs table's columns
     study.log_metrics(run_id, agg["mean"], digits=4)

@@ -2,7 +2,8 @@
 
 Writes prompts/world_{train,heldout,test}.jsonl: combination-disjoint splits of the embedded
 world, n prompts per GenEval tag and T2I-CompBench category (heldout for validation during
-training and model selection, test for the headline numbers). The folder is committed
+training and model selection), and the test split of distinct prompts for the headline
+numbers, with the never-trained bindings (subset "novel") reported apart. The folder is committed
 (`cache: false`), so a fresh clone has it; the TinyMAR's vocabulary is the world's, so the
 study trains and evaluates on these splits. (A real-model evaluation with
 margrpo.eval.protocols reads the GenEval and T2I-CompBench prompt files in data/ directly.)
@@ -18,10 +19,10 @@ from pipeline import common  # noqa: E402
 
 
 @task(cache_policy=NO_CACHE)
-def world_split(split: str, n_per_tag: int, seed: int) -> list[dict]:
-    from margrpo.world.prompts import make_prompt_set
+def world_split(split: str, n_per_tag: int, seed: int, novel_per_tag: int = 0) -> list[dict]:
+    from margrpo.world.prompts import make_prompt_set, make_test_set
 
-    return make_prompt_set(split, n_per_tag, seed)
+    return make_test_set(n_per_tag, novel_per_tag, seed) if split == "test" else make_prompt_set(split, n_per_tag, seed)
 
 
 @flow(name="prepare_prompts", log_prints=False)
@@ -38,7 +39,8 @@ def prepare_prompts() -> None:
         # anyway; this only keeps the two draws' orders unrelated.
         "heldout": world_split("heldout", w.heldout_prompts_per_tag, w.seed + 1),
         # Headline numbers only: never used for model selection (the held-out split is).
-        "test": world_split("test", w.heldout_prompts_per_tag, w.seed + 2),
+        # Distinct prompts, each with its subset: test, reused or novel (world/prompts.py).
+        "test": world_split("test", w.test_prompts_per_tag, w.seed + 2, w.novel_prompts_per_tag),
     }
     staged = common.staging_dir(common.PROMPTS)
     for name, rows in splits.items():

@@ -27,7 +27,8 @@ GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
 TINY = {
     "num_trajectories": 2,
     # 32 px images (the world reward's default size) cut into 4 tokens of 16x16 px.
-    "world": {"train_prompts_per_tag": 2, "heldout_prompts_per_tag": 1},
+    "world": {"train_prompts_per_tag": 2, "heldout_prompts_per_tag": 1, "test_prompts_per_tag": 1,
+              "novel_prompts_per_tag": 1},
     "model": {"patch_size": 16, "width": 32, "depth": 1, "heads": 2, "cond_dim": 16, "head_width": 32, "head_depth": 1},
     "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "decay_steps": 1, "log_every": 1, "compile": False},
     "sampling": {"num_ar_steps": 2, "head_steps": 3},

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from margrpo.report.claims import FAILS, HOLDS, UNSURE, build_claims, compare
+from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, RULE, STATUS_CODE, UNSURE, Claim, Part, build_claims,
+                                   compare, interval_verdict)
+from margrpo.report.intervals import Interval
 
 METHODS = {
     "grpo": {"freeze_head": False, "estimator": "single"},
@@ -61,3 +63,98 @@ def test_a_method_trained_on_another_budget_is_left_out_of_the_claims(budget):
     texts = [p.text for c in claims for p in c.parts]
     assert texts and not [t for t in texts if "grpo_frozen_long" in t]
     assert any(t.endswith("grpo_frozen") for t in texts)
+
+
+# ---- the interval rule for score parts (per-prompt scores) -----------------------------
+
+PROMPTS = [{"prompt": f"p{i}", "tag": tag, "category": cat, "subset": "test"}
+           for i, (tag, cat) in enumerate([("colors", "color"), ("colors", "color"), ("position", "spatial"),
+                                           ("position", "spatial"), ("counting", "complex"), ("counting", "complex")])]
+
+
+def _per_prompt(level: float, seeds=("0", "1", "2"), spread: float = 0.2, jitter: float = 0.0) -> dict:
+    """Per-prompt scores: level + a prompt effect (+-spread) + a seed effect, the same for
+    every target (so paired differences are the level differences), + a target's own
+    +-jitter that averages to 0 within each tag (a paired difference that varies by prompt)."""
+    def vals(s):
+        return [level + (spread if i % 2 else -spread) + 0.01 * int(s) + (jitter if i in (0, 3, 4) else -jitter)
+                for i in range(len(PROMPTS))]
+
+    final = {s: {"geneval": vals(s), "t2i": vals(s), "proxy_geneval": vals(s), "proxy_t2i": vals(s)} for s in seeds}
+    return {"images_per_prompt": 2, "prompts": PROMPTS, "final": final, "best": {}}
+
+
+def _iv(low: float, high: float, **kw) -> Interval:
+    return Interval(point=(low + high) / 2, low=low, high=high, seeds=3, prompts=6, **kw)
+
+
+def test_interval_verdicts_and_the_no_difference_band():
+    assert interval_verdict(_iv(0.01, 0.05)) == HOLDS
+    assert interval_verdict(_iv(-0.05, -0.001)) == FAILS
+    assert interval_verdict(_iv(-0.02, 0.029)) == NO_DIFF
+    assert interval_verdict(_iv(-0.02, 0.031)) == UNSURE  # reaches past +delta
+    assert interval_verdict(_iv(0.001, 0.02)) == HOLDS  # above 0 takes precedence over the band
+    assert DELTA == 0.03 and f"δ = {DELTA}" in RULE and "no difference larger than δ" in RULE
+    assert STATUS_CODE == {HOLDS: 1, UNSURE: 0, FAILS: -1, NO_DIFF: 2}
+
+
+def test_claim_status_combines_score_and_training_parts():
+    def claim(*parts):
+        return Claim(0, "x", list(parts))
+
+    nodiff, unsure = Part("s", 0.0, None, NO_DIFF, score=True), Part("s", 0.0, None, UNSURE, score=True)
+    held, failed = Part("t", 1.0, 0.1, HOLDS), Part("t", -1.0, 0.1, FAILS)
+    assert claim(nodiff, nodiff, held).status == NO_DIFF  # every score part within ±delta
+    assert claim(nodiff, unsure, held).status == UNSURE
+    assert claim(nodiff, failed).status == FAILS  # any part that does not hold
+    assert claim(held, Part("s", 0.1, None, HOLDS, score=True)).status == HOLDS
+    assert claim(held, Part("t2", 0.0, 0.1, UNSURE)).status == UNSURE  # no score part: never "no difference"
+
+
+def test_part_render_shows_the_interval_and_the_seeds_needed():
+    unsure = Part("GenEval overall, a − b", 0.031, None, UNSURE, score=True,
+                  interval=Interval(0.031, -0.004, 0.066, 3, 40, seed_var=0.003, prompt_var=0.00005))
+    text = unsure.render()
+    assert text.startswith("GenEval overall, a − b: d +0.031 [-0.004, +0.066] (inconclusive; ~")
+    assert text.endswith(" seeds for ±0.03)")
+    one_seed = Part("x", 0.031, None, UNSURE, score=True, interval=Interval(0.031, -0.004, 0.066, 1, 40))
+    assert "one seed" in one_seed.render()
+    held = Part("x", 0.05, None, HOLDS, score=True, interval=_iv(0.02, 0.08)).render()
+    assert held == "x: d +0.050 [+0.020, +0.080] (holds)"
+
+
+def test_score_parts_use_the_paired_interval_where_per_prompt_scores_exist():
+    train = {"grpo": _train([0.05, 0.06, 0.07], [0.9, 0.91, 0.92]),
+             "grpo_frozen": _train([0.01, 0.02, 0.03], [0.5, 0.51, 0.52]),
+             "mar_grpo": _train([0.01, 0.02, 0.03], [0.6, 0.61, 0.62])}
+    # Seed-level scores say nothing (huge spread); the per-prompt scores pair exactly.
+    evals = {t: {"eval/geneval/overall": [0.0, 1.0, 0.5], "eval/t2i/mean": [0.0, 1.0, 0.5]}
+             for t in ("base", "grpo", "grpo_frozen", "mar_grpo")}
+    per_prompt = {"base": _per_prompt(0.3), "grpo": _per_prompt(0.5), "grpo_frozen": _per_prompt(0.4, jitter=0.02),
+                  "mar_grpo": _per_prompt(0.4)}
+    claims = {c.number: c for c in build_claims(train, evals, METHODS, {}, per_prompt)}
+    c3 = {p.text: p for p in claims[3].parts}
+    geneval = c3["GenEval overall, mar_grpo − grpo_frozen"]
+    assert geneval.interval is not None and geneval.d == pytest.approx(0.0, abs=1e-12)
+    assert -DELTA < geneval.interval.low < 0 < geneval.interval.high < DELTA and geneval.status == NO_DIFF
+    assert c3["final reward, mar_grpo − grpo_frozen"].interval is None  # a training part: the seed rule
+    assert claims[3].status == NO_DIFF  # its score parts are within ±delta; the others hold
+    c5 = {p.text: p.status for p in claims[5].parts}
+    assert c5["geneval/overall, mar_grpo − base"] == HOLDS and c5["geneval/overall, mar_grpo − grpo"] == FAILS
+    assert c5["geneval/position, mar_grpo − base"] == HOLDS and claims[5].status == FAILS
+    # control: without per-prompt scores the same comparisons fall back to the seed rule
+    fallback = {c.number: c for c in build_claims(train, evals, METHODS, {})}
+    geneval = next(p for p in fallback[3].parts if p.text.startswith("GenEval"))
+    assert geneval.interval is None and geneval.status == UNSURE and geneval.score
+    # a target without per_prompt.json (here grpo) uses the seed rule for its comparisons only
+    partial = {c.number: c for c in build_claims(train, evals, METHODS, {}, {**per_prompt, "grpo": None})}
+    c5 = {p.text: p for p in partial[5].parts}
+    assert c5["geneval/overall, mar_grpo − grpo"].interval is None
+    assert c5["geneval/overall, mar_grpo − base"].interval is not None
+
+
+def test_score_parts_pair_on_the_common_seeds():
+    per_prompt = {"grpo_frozen": _per_prompt(0.3, seeds=("0", "1")), "mar_grpo": _per_prompt(0.4)}
+    claims = {c.number: c for c in build_claims({}, {}, METHODS, {}, per_prompt)}
+    part = next(p for p in claims[3].parts if p.text.startswith("GenEval"))
+    assert part.interval.seeds == 2 and part.d == pytest.approx(0.1) and part.status == HOLDS

@@ -1,7 +1,6 @@
 """World evaluator: GenEval / T2I rule edge cases on hand-made Detections, and accuracy of
 the pixel detector + rules on right and deliberately wrong renders."""
 import math
-import time
 
 import pytest
 import torch
@@ -175,13 +174,9 @@ def test_wrong_renders_fail(batch, kind):
         assert t2i and sum(t2i) / len(t2i) <= 0.05
 
 
-def test_speed_and_reward(batch):
+def test_reward_modes(batch):
+    """Every reward mode scores correct renders at the top (speed: scripts/bench_evaluator.py)."""
     rows, images = batch
-    ev = WorldEvaluator()
-    ev.score(images[:256], rows[:256])
-    t = time.perf_counter()
-    ev.score(images[:256], rows[:256])
-    assert time.perf_counter() - t < 1.0
     for mode in ("partial", "geneval", "t2i", "mix"):
         r = build_reward("world", mode=mode)(images[:8], [m["prompt"] for m in rows[:8]], rows[:8])
         assert r.shape == (8,) and not r.isnan().any() and r.min() >= 0.99

@@ -1,11 +1,11 @@
 """The report's learning checks: reward rise in standard errors, per-tag held-out changes,
-and the reward-hacking flag (issue 17)."""
+and the reward-hacking flags (reward vs held-out tags of one run; proxy vs judge over seeds)."""
 import math
 
 import pytest
 
-from margrpo.report.learning import (PAIRED_KEY, RAW_KEY, reward_hacking, reward_rise, rise_key, steps_to_detect,
-                                     tag_changes)
+from margrpo.report.learning import (HACKING_MIN_GAP, PAIRED_KEY, RAW_KEY, proxy_judge_changes, reward_hacking,
+                                     reward_rise, rise_key, steps_to_detect, tag_changes)
 
 
 def _history(values):
@@ -79,3 +79,50 @@ def test_the_paired_rise_removes_the_prompt_draw_noise():
     raw, paired = reward_rise(rows, key=RAW_KEY), reward_rise(rows, key=PAIRED_KEY)
     assert paired["rise"] == pytest.approx(0.2, abs=0.02)
     assert paired["z"] > 3 and paired["z"] > 3 * raw["z"]
+
+
+def test_a_one_step_window_has_no_spread():
+    r = reward_rise(_history([0.5, 0.7]), window=1)
+    assert r["rise"] == pytest.approx(0.2) and r["se"] == 0.0 and r["z"] == math.inf
+
+
+def _judged(first: dict, last: dict) -> list[dict]:
+    """Two in-training evaluations: tag -> (proxy, judge) at step 0 and at the last step."""
+    return [{"step": step, **{f"eval/geneval/{t}": j for t, (_, j) in row.items()},
+             **{f"eval/proxy/geneval/{t}": p for t, (p, _) in row.items()}}
+            for step, row in ((0, first), (20, last))]
+
+
+def test_proxy_rising_while_the_judge_falls_is_flagged_over_seeds():
+    start = {"colors": (0.5, 0.5), "counting": (0.4, 0.4)}
+    # colors: the proxy gains ~0.15, the judge loses ~0.05 in every seed; counting: both gain alike
+    evals = {s: _judged(start, {"colors": (0.65 + d, 0.45 - d), "counting": (0.5 + d, 0.5 + d)})
+             for s, d in zip((0, 1, 2), (0.0, 0.01, -0.01))}
+    c = proxy_judge_changes(evals)
+    assert set(c) == {"colors", "counting"} and c["colors"]["seeds"] == 3
+    assert c["colors"]["proxy"] == pytest.approx(0.15) and c["colors"]["judge"] == pytest.approx(-0.05)
+    assert c["colors"]["gap"] == pytest.approx(0.2) and c["colors"]["gap_se"] == pytest.approx(0.02 / math.sqrt(3))
+    assert c["colors"]["hacking"] and not c["counting"]["hacking"]
+
+
+def test_the_hacking_flag_does_not_fire_on_noise():
+    start = {"colors": (0.5, 0.5)}
+    # a gap far beyond its (tiny) standard error but smaller than the minimum that matters
+    tiny = {s: _judged(start, {"colors": (0.51 + 0.0001 * s, 0.49)}) for s in range(3)}
+    assert tiny and 0 < proxy_judge_changes(tiny)["colors"]["gap"] < HACKING_MIN_GAP
+    assert not proxy_judge_changes(tiny)["colors"]["hacking"]
+    # a large mean gap that is within its noise over seeds
+    noisy = {s: _judged(start, {"colors": (0.5 + g, 0.49)}) for s, g in enumerate((0.4, -0.3, 0.05))}
+    assert not proxy_judge_changes(noisy)["colors"]["hacking"]
+    # the proxy did not rise: the two detectors part, but nothing was gamed
+    fell = {s: _judged(start, {"colors": (0.45 + 0.01 * s, 0.2)}) for s in range(3)}
+    assert not proxy_judge_changes(fell)["colors"]["hacking"]
+    # one seed: no standard error, no flag
+    one = {0: _judged(start, {"colors": (0.8, 0.3)})}
+    c = proxy_judge_changes(one)["colors"]
+    assert math.isnan(c["gap_se"]) and not c["hacking"]
+
+
+def test_records_without_the_proxy_have_no_proxy_judge_changes():
+    old = {0: _evals({"colors": 0.5}, {"colors": 0.3})}
+    assert proxy_judge_changes(old) == {} and proxy_judge_changes({0: []}) == {}

@@ -121,7 +121,7 @@ FILE_CASES = [
     ("flow_shift_zero", lambda t: set_key(t, "model.flow_shift", "0"), "model.flow_shift"),
     ("image_size_patch", lambda t: set_key(t, "world.image_size", "36"), "world.image_size"),
     ("ar_steps_tokens", lambda t: set_key(t, "sampling.num_ar_steps", "17"), "sampling.num_ar_steps"),
-    ("decay_steps", lambda t: set_key(t, "pretrain.decay_steps", "5000"), "pretrain.decay_steps"),
+    ("decay_steps", lambda t: set_key(t, "pretrain.decay_steps", "9000"), "pretrain.decay_steps"),
     ("unknown_top", lambda t: add_key(t, "", "foo", "1"), "foo"),
     ("unknown_nested", lambda t: add_key(t, "world", "seeed", "1"), "world.seeed"),
     ("unknown_method_key", lambda t: add_key(t, "methods.mar_grpo", "topkk", "true"), "methods.mar_grpo.topkk"),

@@ -51,13 +51,57 @@ def test_every_combination_round_trips():
 
 def test_splits_disjoint_by_combination():
     for purpose in P.PURPOSES:
-        train, held, test = ({P.canonical_key(m) for m in P.combinations(purpose, s)}
-                             for s in ("train", "heldout", "test"))
-        assert train and held and test and not (train & held or train & test or held & test)
+        train, held, test, novel = ({P.canonical_key(m) for m in P.combinations(purpose, s)}
+                                    for s in ("train", "heldout", "test", "novel"))
+        assert train and held and test and not (train & held or novel & (train | held | test))
+        if P.test_subset(purpose) == "test":   # never trained on
+            assert not test & (train | held)
+        else:                                  # too small a space: the whole pool, marked reused
+            assert test == train | held
     tr = P.make_prompt_set("train", 30, seed=0)
     he = P.make_prompt_set("heldout", 30, seed=0)
     assert not {P.canonical_key(m) for m in tr} & {P.canonical_key(m) for m in he}
     assert P.split_of(he[0]) == "heldout" and P.split_of(tr[-1]) == "train"
+
+
+def _bindings(meta):
+    return {(r.get("color"), r["class"]) for r in meta["include"] if r.get("color")}
+
+
+def test_test_split_decides():
+    """The study's test split (params.yaml's world keys): >= 300 distinct prompts, >= 10
+    distinct per GenEval tag and T2I category (single_object: every shape), disjoint from
+    training and validation at the prompt and the combination level except the marked
+    reused prompts, and a novel subset whose colour-shape bindings no training or
+    validation prompt has."""
+    from margrpo.config import load_params
+
+    w = load_params("params.yaml").world
+    test = P.make_test_set(w.test_prompts_per_tag, w.novel_prompts_per_tag, w.seed + 2)
+    texts = [m["prompt"] for m in test]
+    assert len(set(texts)) == len(texts) >= 300
+    seen = [m for s in ("train", "heldout") for purpose in P.PURPOSES for m in P.combinations(purpose, s)]
+    seen_texts = {m["prompt"] for m in seen}
+    seen_keys = {P.canonical_key(m) for m in seen}
+    seen_bindings = set().union(*(_bindings(m) for m in seen))
+    headline = [m for m in test if m["subset"] != "novel"]
+    for tag in G.GENEVAL_TAGS:
+        n = len({m["prompt"] for m in headline if m["tag"] == tag})
+        assert n >= (len(G.SHAPES) if tag == "single_object" else 10), (tag, n)
+    assert {m["include"][0]["class"] for m in headline if m["tag"] == "single_object"} == set(G.SHAPES)
+    for cat in G.T2I_CATEGORIES:
+        assert len({m["prompt"] for m in headline if m["category"] == cat}) >= 10, cat
+    for m in test:
+        key = P.canonical_key(m)
+        if m["subset"] == "reused":
+            assert key in seen_keys
+        else:
+            assert key not in seen_keys and m["prompt"] not in seen_texts
+        if m["subset"] == "novel":
+            novel = _bindings(m) & set(P.NOVEL_PAIRS)
+            assert novel and not novel & seen_bindings
+    assert not seen_bindings & set(P.NOVEL_PAIRS)
+    assert sum(m["subset"] == "novel" for m in test) >= 20
 
 
 def test_prompt_set_balanced_and_seeded(tmp_path):

@@ -130,7 +130,7 @@ class TrainConfig(Strict):
 
 
 class EvaluateConfig(Strict):
-    images_per_prompt: int = Field(4, ge=1)
+    images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed")
     seed: int = 1234
     batch_size: int = Field(64, ge=1)
     grid_prompts: int = Field(8, ge=1)

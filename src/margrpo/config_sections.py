@@ -27,8 +27,14 @@ class Strict(BaseModel):
 
 class WorldConfig(Strict):
     image_size: int = Field(32, ge=8, description="pixels; must be divisible by model.patch_size")
-    train_prompts_per_tag: int = Field(64, ge=1)
-    heldout_prompts_per_tag: int = Field(16, ge=1)
+    train_prompts_per_tag: int = Field(64, ge=1, description="training prompts per GenEval tag / T2I category "
+                                       "(small purposes repeat their few combinations)")
+    heldout_prompts_per_tag: int = Field(16, ge=1, description="validation prompts per purpose (model selection "
+                                         "during training)")
+    test_prompts_per_tag: int = Field(70, ge=1, description="test split: at most this many distinct prompts per "
+                                      "purpose (all of a smaller pool); world/prompts.py")
+    novel_prompts_per_tag: int = Field(20, ge=0, description="test split: at most this many distinct prompts per "
+                                       "purpose that bind a colour to a shape no training prompt binds")
     seed: int = 0
 
 
@@ -79,11 +85,11 @@ _ADAPTER_DEFAULTS = {"weights": None, "image_size": None, "gradient_checkpointin
 
 
 class PretrainConfig(Strict):
-    steps: int = Field(3000, ge=1)
+    steps: int = Field(6000, ge=1)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(300, ge=1)
-    decay_steps: int = Field(600, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
+    decay_steps: int = Field(1200, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
     weight_decay: float = Field(0.02, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     ema_decay: float = Field(0.999, ge=0, lt=1)

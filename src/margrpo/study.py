@@ -5,10 +5,12 @@ no trainer); this module, at the top, wires them for the embedded study:
 
 - `sample_and_score`: images of fixed per-image seeds, sampled and scored in batches shared
   over the data-parallel ranks (rl/distributed.py), exact per-image scores gathered;
-- `heldout_evaluator`: a callable policy -> held-out metrics (eval/geneval/<tag>,
-  eval/geneval/overall, eval/t2i/..., eval/partial), sampling fixed per-image seeds so that
-  every call, method and seed scores the same prompts with the same noise;
-- `train_run`: one (method, seed) trained with held-out evaluation during training.
+- `heldout_evaluator`: a callable policy -> held-out metrics by the evaluation judge
+  (eval/geneval/<tag>, eval/geneval/overall, eval/t2i/..., eval/partial) and by the training
+  reward's detector (eval/proxy/...), sampling fixed per-image seeds so that every call,
+  method and seed scores the same prompts with the same noise;
+- `train_run`: one (method, seed) trained with held-out evaluation during training and the
+  judge watching every training batch.
 """
 from __future__ import annotations
 
@@ -63,11 +65,11 @@ def heldout_evaluator(params: Params, metas: list[dict], per_prompt: int, *, rep
     """policy -> summary metrics on `metas` (per_prompt images each, seeds from
     evaluate.seed and `replicate`). The policy is put in eval mode. In a data-parallel run
     every rank calls it (sample_and_score) and gets the same metrics."""
-    from margrpo.world.evaluator import WorldEvaluator
     from margrpo.world.generate import image_seeds, summarize
+    from margrpo.world.judge import JudgedEvaluator
 
     seeds = image_seeds(params.evaluate.seed, replicate, len(metas), per_prompt)
-    evaluator = WorldEvaluator(params.world.image_size)
+    evaluator = JudgedEvaluator(params.world.image_size)
 
     def evaluate(policy) -> dict[str, float]:
         scores, _ = sample_and_score(policy.eval(), metas, seeds, batch_size or params.evaluate.batch_size, evaluator)
@@ -83,8 +85,12 @@ def train_run(params: Params, method: str, seed: int, out_dir: Path, *, train_pr
     prompts of `heldout_prompts` during training. Returns out_dir/final."""
     from margrpo.rl.loop import train
     from margrpo.rl.trainer import Trainer
+    from margrpo.world.judge import JudgedEvaluator
 
-    trainer = Trainer.from_params(params, method, seed, train_prompts, checkpoint=checkpoint)
+    # The judge watches every training batch (judge/correct beside the reward's own
+    # judge/proxy_correct); it never feeds the reward.
+    monitor = JudgedEvaluator(params.world.image_size).batch_metrics
+    trainer = Trainer.from_params(params, method, seed, train_prompts, checkpoint=checkpoint, monitor=monitor)
     evaluate = None
     if heldout_prompts:
         tagged = [m for m in heldout_prompts if m.get("tag")]

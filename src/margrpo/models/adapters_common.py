@@ -164,6 +164,13 @@ class MARAdapter(RolloutMixin, nn.Module):
 
     # ---- MARPolicy ------------------------------------------------------------------
     @property
+    def consistency_reference(self) -> float:
+        """0.0: NOVA's and Harmon's tokens are VAE latents (scaled to roughly zero mean and unit
+        variance), so the plain cosine already compares content, as the paper's rule does
+        (MARPolicy.consistency_reference)."""
+        return 0.0
+
+    @property
     def num_ar_steps(self) -> int:
         return len(self.schedule)
 

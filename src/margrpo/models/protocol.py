@@ -3,7 +3,7 @@
 The tiny embedded MAR implements it; a NOVA or Harmon adapter implements the same five
 members and gets the trainer, the estimators and the pipeline for free. The trainer never
 touches a model's internals: only `rollout`, `encode`, `head_output`, the two parameter
-groups and the attributes below.
+groups and the attributes below (consistency_reference included).
 
 Shapes: B images, N tokens per image, D token dim, C latent dim, T head steps, K AR steps,
 n_i tokens committed at AR step i (the same n_i for every image of a batch).
@@ -87,6 +87,19 @@ class MARPolicy(Protocol):
     token_dim: int
     num_ar_steps: int
     cfg_scale: float
+
+    @property
+    def consistency_reference(self) -> float:
+        """Neutral token value (in token units) that the consistency filter centres tokens on
+        before taking their cosine (method.md §3.3: score cos(xhat - r, x_fin - r)).
+
+        The cosine should compare what two tokens depict, not the offset every token of the
+        model shares: pixel tokens of a white-background image all sit near +1, so their
+        raw cosine is positive for almost any pair and the filter keeps everything. A model
+        returns the value between "empty" and "content" tokens (TinyMAR: a grey between the
+        white background and the mean object ink); zero-mean latent tokens (NOVA, Harmon)
+        return 0.0, the plain cosine of the paper."""
+        ...
 
     def rollout(
         self,

@@ -6,25 +6,21 @@ import math
 from pathlib import Path
 
 from margrpo.report import summary as summary_text
-from margrpo.report.claims import NOT_JUDGED, RULE, build_claims
+from margrpo.report.checks import consistency_section, judge_section
+from margrpo.report.claims import NOT_JUDGED, RULE, STATUS_CODE, build_claims
 from margrpo.report.curves import read_history, window_mean
 from margrpo.report.figures import plot_curves, scores_figure, selection_figure
+from margrpo.report.intervals import read_per_prompt
 from margrpo.report.learning import PAIRED_KEY, reward_hacking, reward_rise, rise_key, steps_to_detect
 from margrpo.report.render import Figure, Section, Table
+from margrpo.report.score_tables import (INTERVAL_TEXT, best_section, fmt, headline, novel_section,
+                                         prompt_counts_line, scores_table)
 from margrpo.stats import mean_std
 
 CURVE_KEYS = ["reward/mean", "loss/kl", "diag/grad_norm_ar", "diag/grad_norm_head"]
 # Held-out scores plotted over training, when the trainer evaluates during training.
 HELDOUT_CURVE_KEYS = ["eval/geneval/overall", "eval/t2i/mean", "eval/partial"]
-# reports/summary.json: headline name -> held-out metric.
-HEADLINE_KEYS = {"overall": "eval/geneval/overall", "t2i": "eval/t2i/mean", "partial": "eval/partial"}
 SELECT_KEYS = ["select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean"]
-
-
-def fmt(mean: float | None, std: float | None = None) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "–"
-    return f"{mean:.3f}" if std is None else f"{mean:.3f} ± {std:.3f}"
 
 
 def train_stats(histories: dict[int, list[dict]]) -> dict[str, dict[str, list[float]]]:
@@ -72,32 +68,38 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     evals = {t: _read_json(reports / "eval" / t / "metrics.json", f"evaluate@{t}") for t in targets}
     per_seed = {t: _read_json(reports / "eval" / t / "per_seed.json", f"evaluate@{t}") for t in targets}
     eval_values = {t: {k: [r[k] for r in per_seed[t].values() if k in r] for k in evals[t]["mean"]} for t in targets}
+    # Per-seed, per-prompt scores (absent in records older than the evaluate stage that writes them).
+    per_prompt = {t: pp for t in targets if (pp := read_per_prompt(reports, t, seeds)) is not None}
     baseline = reports / "baseline" / "metrics.json"
     base_reward = json.loads(baseline.read_text()).get("baseline/reward_mean") if baseline.exists() else None
     stats = {m: train_stats(h) for m, h in histories.items()}
     timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
-    claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing)
+    claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing, per_prompt)
 
-    sections = [Section("Summary", anchor="summary", paragraphs=[summary_text.held_out(eval_values, methods),
+    sections = [Section("Summary", anchor="summary", paragraphs=[summary_text.held_out(eval_values, methods,
+                                                                                          per_prompt=per_prompt),
                                     summary_text.training(stats, base_reward),
                                     summary_text.claims_line(claims)])]
 
-    metrics = sorted({k for t in targets for k in evals[t]["mean"]},
-                     key=lambda k: (not k.startswith("eval/geneval"), k.endswith(("overall", "mean")), k))
-    rows = [[k] + [fmt(evals[t]["mean"].get(k), evals[t]["std"].get(k)) for t in targets] for k in metrics]
+    spread = f"mean ± std over {len(seeds)} replicate(s)"
+    if per_prompt:
+        spread = (f"GenEval and T2I cells of targets with per-prompt scores (test and reused prompts): {INTERVAL_TEXT}; "
+                  f"other cells: {spread}")
     scores = Section(
         "Test scores: base vs trained methods",
         [f"World test prompts (a split used by no training decision), {params.evaluate.images_per_prompt} images per "
-         "prompt, final checkpoints; mean ± std over "
-         f"{len(seeds)} replicate(s) (train seeds {seeds}; for base, the same model with each replicate's image "
-         "seeds). eval/geneval/* are GenEval-rule per-tag accuracies, eval/t2i/* T2I-CompBench-style per-category "
-         "scores, eval/partial the dense requirement score; all from the embedded world evaluator."],
-        [Table(["metric", *targets], rows)])
+         f"prompt, final checkpoints; {spread} (train seeds {seeds}; for base, the same model with each replicate's "
+         "image seeds). eval/geneval/* are GenEval-rule per-tag accuracies, eval/t2i/* T2I-CompBench-style "
+         "per-category scores, eval/partial the dense requirement score."]
+        + ([line] if (line := prompt_counts_line(per_prompt)) else []),
+        [scores_table(evals, per_prompt, targets)])
     if path := scores_figure(evals, figures / "heldout_scores.png"):
         scores.figures.append(Figure(path, "Held-out score per tag and category: trained methods (bars, ± std over "
                                            "replicates) against the base model (dashed line)"))
     sections.append(scores)
-    sections.append(_best_section(reports, per_seed, methods))
+    sections.append(best_section(reports, per_seed, per_prompt, methods))
+    if novel := novel_section(per_prompt, methods):
+        sections.append(novel)
 
     train_rows = []
     for m in methods:
@@ -125,6 +127,7 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
             curves.figures.append(Figure(path, f"Training {name}: " + ", ".join(keys)))
     sections.append(curves)
     sections.append(_learning_section(params, histories, evals_during))
+    sections += [s for s in (judge_section(histories, evals_during, figures), consistency_section(histories)) if s]
 
     grids = Section("Samples: same prompts and seeds across methods",
                     ["Replicate 0, held-out prompts across tags (evaluate.grid_prompts); each column is one image seed, "
@@ -154,7 +157,9 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
 
     sections.append(Section(
         "Claims of the paper (method.md §6) against this run",
-        [f"Rule: {RULE}. Evidence: one line per comparison, d = difference of seed means."]
+        [f"Rule: {RULE}. Evidence: one line per comparison, d = the difference (with its interval for score parts "
+         "with per-prompt scores, else 2 se of the difference of seed means). reports/summary.json codes each claim "
+         "as " + ", ".join(f"{code} {status}" for status, code in STATUS_CODE.items()) + "."]
         + [f"Claim {n} ({text}) is not in the table: it {why}." for n, (text, why) in NOT_JUDGED.items()],
         [Table(["#", "claim", "verdict", "evidence", "note"],
                [[str(c.number), c.claim, c.status, [p.render() for p in c.parts] or "–", c.note or "–"]
@@ -162,39 +167,12 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     sections.append(Section("Params used", [], [], [], yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)))
 
     # Short, flat keys: `dvc exp show` names columns by them (overall.mar_grpo, gain.grpo).
-    summary = {name: {t: evals[t]["mean"][key] for t in targets if key in evals[t]["mean"]}
-               for name, key in HEADLINE_KEYS.items()}
-    base = summary["overall"].get("base")
-    summary["gain"] = {m: v - base for m, v in summary["overall"].items() if m != "base" and base is not None}
-    # Numeric so that `dvc metrics diff` can compare studies: 1 holds, 0 inconclusive, -1 not.
-    summary["claims"] = {f"claim{c.number}": {"holds": 1, "inconclusive": 0, "does not hold": -1}[c.status]
-                         for c in claims}
+    summary = headline(evals, per_prompt, targets)
+    # Numeric so that `dvc metrics diff` can compare studies: 1 holds, 0 inconclusive, -1 does
+    # not hold, 2 no difference larger than δ (claims.STATUS_CODE).
+    summary["claims"] = {f"claim{c.number}": STATUS_CODE[c.status] for c in claims}
     summary["seeds"] = len(seeds)
     return sections, summary
-
-
-def _best_section(reports: Path, per_seed: dict, methods: list[str]) -> Section:
-    """Test scores of the final and the best-by-held-out checkpoints, paired with the base
-    per replicate (the same image seeds): gain = method − base, mean ± std over seeds.
-    per_seed: target -> the final models' per_seed.json, read by build()."""
-    key = "eval/geneval/overall"
-    base = per_seed.get("base", {})
-    rows = []
-    for m in methods:
-        row = [m]
-        best_path = reports / "eval" / m / "per_seed_best.json"
-        best = json.loads(best_path.read_text()) if best_path.exists() else {}
-        for by_seed in (per_seed.get(m, {}), best):
-            scores = {s: r[key] for s, r in by_seed.items() if key in r}
-            gains = [v - base[s][key] for s, v in scores.items() if s in base and key in base[s]]
-            row += [fmt(*mean_std(list(scores.values()))[:2]) if scores else "–",
-                    fmt(*mean_std(gains)[:2]) if gains else "–"]
-        rows.append(row)
-    return Section("Final and best checkpoints (test split)",
-                   ["GenEval-style overall on the test prompts. best: the checkpoint with the highest held-out "
-                    "(validation split) overall during training, chosen without the test prompts. gain: method − base "
-                    "on the same image seeds, per replicate; mean ± std over seeds."],
-                   [Table(["method", "final", "final gain", "best", "best gain"], rows)])
 
 
 def _rise_cell(history: list[dict], window: int, key: str) -> str:

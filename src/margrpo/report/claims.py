@@ -1,10 +1,21 @@
 """The claims table of method.md §6, decided from the measured numbers.
 
-Rule (stated in the report): for a difference d between two groups of seeds, with
-standard error se = sqrt(sa^2/na + sb^2/nb) (std over seeds, ddof=1), a part of a claim
-"holds" if d > 2 se in the claimed direction, "does not hold" if d < -2 se (significant
-the other way), and is "inconclusive" otherwise or with fewer than 2 seeds per group.
-A claim holds if all its parts hold, does not hold if any part does not, else inconclusive.
+Two rules (both stated in the report, RULE):
+
+- Score parts (GenEval, T2I-CompBench) where the evaluate stage wrote per-prompt scores
+  (reports/eval/<target>/per_prompt.json): the paired bootstrap interval of the
+  difference over seeds and prompts (report/intervals.py). "holds" if the 95% interval
+  lies above 0 in the claimed direction, "does not hold" if it lies below 0, "no
+  difference larger than δ" if it lies within (−δ, +δ), δ = DELTA, else "inconclusive"
+  (with the seeds the comparison would need: intervals.seeds_needed).
+- Training-curve parts (KL, gradient norm, reward, gradient probes: no prompts to
+  resample), and score parts of records without per-prompt scores: for a difference d
+  between two groups of seeds, with standard error se = sqrt(sa^2/na + sb^2/nb) (std
+  over seeds, ddof=1), "holds" if d > 2 se in the claimed direction, "does not hold" if
+  d < -2 se, and "inconclusive" otherwise or with fewer than 2 seeds per group.
+
+A claim does not hold if any part does not hold, holds if every part holds, is "no
+difference larger than δ" if every score part is, else inconclusive.
 """
 from __future__ import annotations
 
@@ -12,9 +23,16 @@ import math
 from dataclasses import dataclass, field
 
 from margrpo.config import BUDGET_DEFAULTS
+from margrpo.report.intervals import DRAWS, LEVEL, Interval, score_interval, seeds_needed
 from margrpo.stats import mean_std
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
+NO_DIFF = "no difference larger than δ"
+# The smallest score difference the study cares about (GenEval / T2I scores in [0, 1]): an
+# interval inside ±DELTA shows the methods equal for practical purposes.
+DELTA = 0.03
+# reports/summary.json's numeric coding of a claim's status (`dvc metrics diff` compares numbers).
+STATUS_CODE = {HOLDS: 1, UNSURE: 0, FAILS: -1, NO_DIFF: 2}
 # Claims of method.md §6 that one study cannot decide, with the reason the report prints.
 NOT_JUDGED = {
     4: ("k = 0.3 is the best trade-off; tau = 0 is best",
@@ -22,10 +40,17 @@ NOT_JUDGED = {
         "(dvc exp run --temp -S k=0.1, -S k=0.5, -S tau=0.5 ...) and compare them with python scripts/exp_table.py, "
         "which applies the same 2-standard-error rule across experiments"),
 }
-RULE = ("difference d of seed means vs its standard error se = sqrt(sa²/na + sb²/nb): "
-        "holds if d > 2·se in the claimed direction, does not hold if d < −2·se, "
-        "inconclusive otherwise or with < 2 seeds per group; a claim holds if every part holds "
-        "and does not hold if any part does not")
+RULE = (f"score parts (GenEval, T2I) with per-prompt scores: the paired bootstrap interval of the difference d "
+        f"({DRAWS} draws resampling seeds and, independently, prompts within each tag or category; "
+        f"{LEVEL:.0%} percentile interval): holds if the interval lies above 0 in the claimed direction, "
+        f"does not hold if it lies below 0, {NO_DIFF} if it lies within (−δ, +δ) with δ = {DELTA}, "
+        f"inconclusive otherwise, with the seeds that would narrow the interval to a half-width below δ/2 "
+        f"(enough to exclude 0 or to lie within ±δ whatever d), assuming the measured seed-to-seed variance and "
+        f"the same prompts; training-curve parts (KL, gradient norm, reward, gradient probes), and score parts "
+        f"without per-prompt scores: d of seed means vs its standard error se = sqrt(sa²/na + sb²/nb), "
+        f"holds if d > 2·se in the claimed direction, does not hold if d < −2·se, inconclusive otherwise or with "
+        f"< 2 seeds per group; a claim does not hold if any part does not hold, holds if every part holds, "
+        f"is {NO_DIFF} if every score part is, and is inconclusive otherwise")
 
 
 @dataclass
@@ -34,11 +59,22 @@ class Part:
     d: float | None = None
     se: float | None = None
     status: str = UNSURE
+    score: bool = False  # a benchmark-score part (the claim's "no difference" reads these)
+    interval: Interval | None = None  # the bootstrap interval of d (score parts with per-prompt scores)
 
     def render(self) -> str:
-        """One short evidence line: what is compared, the difference, 2 se, the verdict."""
+        """One short evidence line: what is compared, the difference, 2 se or the interval,
+        the verdict (and the seeds an inconclusive interval would need)."""
         if self.d is None:
             return f"{self.text}: not measured"
+        if self.interval is not None:
+            iv, extra = self.interval, ""
+            if self.status == UNSURE:
+                n = seeds_needed(iv, DELTA)
+                extra = ("; one seed: seeds needed unknown" if n is None
+                         else f"; more seeds alone do not reach ±{DELTA} (prompt spread)" if math.isinf(n)
+                         else f"; ~{int(n)} seeds for ±{DELTA}")
+            return f"{self.text}: d {iv.cell(signed=True)} ({self.status}{extra})"
         if self.se is None or math.isnan(self.se):
             return f"{self.text}: d {self.d:+.3f}, one seed ({self.status})"
         return f"{self.text}: d {self.d:+.3f}, 2se {2 * self.se:.3f} ({self.status})"
@@ -54,15 +90,47 @@ class Claim:
     @property
     def status(self) -> str:
         statuses = [p.status for p in self.parts]
+        scores = [p.status for p in self.parts if p.score]
         if not statuses:
             return UNSURE
         if FAILS in statuses:
             return FAILS
-        return HOLDS if all(s == HOLDS for s in statuses) else UNSURE
+        if all(s == HOLDS for s in statuses):
+            return HOLDS
+        return NO_DIFF if scores and all(s == NO_DIFF for s in scores) else UNSURE
 
 
 def _verdict(text: str, d: float, se: float) -> Part:
     return Part(text, d, se, HOLDS if d > 2 * se else FAILS if d < -2 * se else UNSURE)
+
+
+def interval_verdict(iv: Interval, delta: float = DELTA) -> str:
+    """The score rule on the interval of better − worse."""
+    if iv.low > 0:
+        return HOLDS
+    if iv.high < 0:
+        return FAILS
+    return NO_DIFF if -delta < iv.low and iv.high < delta else UNSURE
+
+
+def interval_part(text: str, better: dict, worse: dict, metric: str) -> Part | None:
+    """Part claiming metric(better) > metric(worse), from two targets' per_prompt.json
+    (final checkpoints, paired by seed and prompt); None when they have no such scores."""
+    iv = score_interval(better, metric, minus=worse)
+    if iv is None:
+        return None
+    return Part(text, iv.point, None, interval_verdict(iv), score=True, interval=iv)
+
+
+def score_part(text: str, better: str, worse: str, metric: str, evals: dict, per_prompt: dict | None) -> Part:
+    """A score comparison: the interval rule where both targets have per-prompt scores,
+    else the seed rule on the per-replicate values in `evals`."""
+    pp = per_prompt or {}
+    if pp.get(better) and pp.get(worse) and (part := interval_part(text, pp[better], pp[worse], metric)):
+        return part
+    part = compare(text, evals.get(better, {}).get(metric), evals.get(worse, {}).get(metric))
+    part.score = True
+    return part
 
 
 def compare(text: str, better: list[float] | None, worse: list[float] | None) -> Part:
@@ -95,7 +163,7 @@ def _neg(vals: list[float] | None) -> list[float] | None:
     return None if vals is None else [-v for v in vals]
 
 
-def _speculative_claim(train: dict, evals: dict, methods: dict) -> Claim:
+def _speculative_claim(train: dict, evals: dict, methods: dict, per_prompt: dict | None = None) -> Claim:
     """Claim 6 (method.md §3.3): the authors' speculative loss tokens add noise. Compares the
     committed-only frozen-head method with the one that differs only in token_scope."""
     c6 = Claim(6, "Scoring only committed tokens beats adding the consistency-filtered speculative tokens "
@@ -111,8 +179,8 @@ def _speculative_claim(train: dict, evals: dict, methods: dict) -> Claim:
         return train.get(method, {}).get("final", {}).get(key)
 
     snr_c, snr_f = tr(spec, "probe/snr_committed"), tr(spec, "probe/snr")
-    c6.parts = [compare(f"GenEval overall, {committed} − {spec}", evals.get(committed, {}).get("eval/geneval/overall"),
-                        evals.get(spec, {}).get("eval/geneval/overall")),
+    c6.parts = [score_part(f"GenEval overall, {committed} − {spec}", committed, spec, "eval/geneval/overall", evals,
+                           per_prompt),
                 compare(f"final reward, {committed} − {spec}", tr(committed, "reward/mean"), tr(spec, "reward/mean")),
                 one_sample("gradient SNR on the same rollouts, committed only − with the filtered speculative tokens",
                            None if not snr_c or not snr_f else [a - b for a, b in zip(snr_c, snr_f)])]
@@ -121,10 +189,12 @@ def _speculative_claim(train: dict, evals: dict, methods: dict) -> Claim:
     return c6
 
 
-def build_claims(train: dict, evals: dict, methods: dict, timing: dict) -> list[Claim]:
+def build_claims(train: dict, evals: dict, methods: dict, timing: dict,
+                 per_prompt: dict[str, dict] | None = None) -> list[Claim]:
     """train: method -> {'growth': {metric: [per seed]}, 'final': {metric: [per seed]}};
     evals: target -> {metric: [per replicate]}; methods: name -> MethodConfig dict;
-    timing: method -> [time/step per seed]."""
+    timing: method -> [time/step per seed]; per_prompt: target -> its per_prompt.json
+    (targets without one use the seed rule for their scores)."""
 
     # Every comparison is at the same training budget and schedule: a method trained longer,
     # on larger batches or under its own LR schedule is in the report's tables, not the claims.
@@ -165,22 +235,24 @@ def build_claims(train: dict, evals: dict, methods: dict, timing: dict) -> list[
         c3.parts = [one_sample(f"{mte} gradient-noise variance, 1 − ratio to single chain",
                                None if ratio is None else [1 - r for r in ratio]),
                     compare(f"final reward, {mte} − {ref}", tr(mte, "final", "reward/mean"), tr(ref, "final", "reward/mean")),
-                    compare(f"GenEval overall, {mte} − {ref}", ev(mte, "eval/geneval/overall"), ev(ref, "eval/geneval/overall")),
-                    compare(f"T2I mean, {mte} − {ref}", ev(mte, "eval/t2i/mean"), ev(ref, "eval/t2i/mean"))]
+                    score_part(f"GenEval overall, {mte} − {ref}", mte, ref, "eval/geneval/overall", evals, per_prompt),
+                    score_part(f"T2I mean, {mte} − {ref}", mte, ref, "eval/t2i/mean", evals, per_prompt)]
         c3.note = ("variance from the trainer's gradient probe (probe/var_ratio_vs_single); reward and scores compare against "
                    + (f"{ref}, which freezes the head too" if frozen else "grpo, which also differs in head freezing"))
     claims.append(c3)
 
     c5 = Claim(5, "MAR-GRPO beats the base model and vanilla GRPO on compositional benchmarks at little extra compute")
-    if "mar_grpo" in evals:
+    if "mar_grpo" in evals or (per_prompt or {}).get("mar_grpo"):
         for metric in ("eval/geneval/overall", "eval/geneval/position", "eval/t2i/mean", "eval/t2i/spatial", "eval/t2i/complex"):
             for ref in ("base", "grpo"):
-                if ev("mar_grpo", metric) is not None and ev(ref, metric) is not None:
-                    c5.parts.append(compare(f"{metric.removeprefix('eval/')}, mar_grpo − {ref}", ev("mar_grpo", metric), ev(ref, metric)))
+                part = score_part(f"{metric.removeprefix('eval/')}, mar_grpo − {ref}", "mar_grpo", ref, metric, evals,
+                                  per_prompt)
+                if part.d is not None:
+                    c5.parts.append(part)
         t_m, t_g = timing.get("mar_grpo"), timing.get("grpo")
         if t_m and t_g:
             c5.note = (f"time per step mar_grpo / grpo = {(sum(t_m) / len(t_m)) / (sum(t_g) / len(t_g)):.2f}; "
                        "preference metrics are not measured here (world reward only)")
     claims.append(c5)
-    claims.append(_speculative_claim(train, evals, methods))
+    claims.append(_speculative_claim(train, evals, methods, per_prompt))
     return claims

@@ -33,6 +33,45 @@ def _save(fig, path: Path, dpi: int = 100) -> Path:
     return path
 
 
+def _band(seeds: dict[int, list[dict]], key: str) -> tuple[list, list[float], list[float]]:
+    """(steps, mean over seeds, std over seeds) of `key` at every step some seed logs it."""
+    steps = sorted({r["step"] for h in seeds.values() for r in h if r.get(key) is not None})
+    stats = [mean_std([r[key] for h in seeds.values() for r in h if r["step"] == s and r.get(key) is not None])
+             for s in steps]
+    return steps, [x[0] for x in stats], [x[1] for x in stats]
+
+
+# Training reward against the judge: what the policy is optimised for, what its own
+# detector says about GenEval correctness, and what the evaluation judge says.
+JUDGE_KEYS = ("reward/mean", "judge/proxy_correct", "judge/correct")
+
+
+def judge_figure(curves: dict[str, dict[int, list[dict]]], path: Path,
+                 keys: tuple[str, ...] = JUDGE_KEYS) -> Path | None:
+    """One panel per method with a line per key (mean over seeds, band +- 1 std over
+    seeds). Only methods that log every key get a panel; None when none does."""
+    plt = _plt()
+    methods = [m for m, seeds in curves.items()
+               if all(any(r.get(k) is not None for h in seeds.values() for r in h) for k in keys)]
+    if not methods:
+        return None
+    rows = math.ceil(len(methods) / COLUMNS)
+    cols = min(COLUMNS, len(methods))
+    fig, axes = plt.subplots(rows, cols, figsize=(PANEL_W * cols, PANEL_H * rows), squeeze=False)
+    for ax, method in zip(axes.flat, methods):
+        for key in keys:
+            steps, m, sd = _band(curves[method], key)
+            ax.plot(steps, m, label=key)
+            ax.fill_between(steps, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], alpha=0.2)
+        ax.set_title(method)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(methods):]:
+        ax.set_visible(False)
+    return _save(fig, path)
+
+
 def plot_curves(curves: dict[str, dict[int, list[dict]]], keys: list[str], path: Path,
                 reference: dict[str, tuple[float, str]] | None = None) -> Path | None:
     """One panel per metric key; one line per method (mean over seeds) with a band of
@@ -47,12 +86,9 @@ def plot_curves(curves: dict[str, dict[int, list[dict]]], keys: list[str], path:
     fig, axes = plt.subplots(rows, cols, figsize=(PANEL_W * cols, PANEL_H * rows), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         for method, seeds in curves.items():
-            steps = sorted({r["step"] for h in seeds.values() for r in h if key in r})
+            steps, m, sd = _band(seeds, key)
             if not steps:
                 continue
-            stats = [mean_std([r[key] for h in seeds.values() for r in h if r["step"] == s and key in r]) for s in steps]
-            m = [x[0] for x in stats]
-            sd = [x[1] for x in stats]
             ax.plot(steps, m, label=method)
             ax.fill_between(steps, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], alpha=0.2)
         if reference and key in reference:

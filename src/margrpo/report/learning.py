@@ -15,19 +15,29 @@ training), used by the report and scripts/acceptance_table.py.
   first (step 0, the base), with the binomial standard error of that difference.
 - `reward_hacking`: the tags that fell by more than `z` standard errors while the training
   reward rose by more than `z` of its own: the reward went up for a reason the
-  evaluation does not share.
+  evaluation does not share (one run; for records without the proxy's scores).
+- `proxy_judge_changes`: per GenEval tag, over seeds, the change from the first to the
+  last in-training evaluation of the training reward's own detector (the proxy,
+  eval/proxy/geneval/<tag>) and of the evaluation judge (eval/geneval/<tag>) on the same
+  images, flagged as reward hacking by HACKING_RULE: the proxy rose and the judge fell.
 """
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
-TAG_PREFIX = "eval/geneval/"
+from margrpo.stats import mean_std, mean_var
+
+TAG_PREFIX, PROXY_PREFIX = "eval/geneval/", "eval/proxy/geneval/"
 RAW_KEY, PAIRED_KEY = "reward/mean", "reward/vs_base"
-
-
-def _mean_var(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0)
+# Reward hacking needs the proxy and the judge to part beyond their noise (HACKING_Z standard
+# errors of the paired gap) and by a margin that matters (HACKING_MIN_GAP: with 2-3 seeds a
+# standard error can come out tiny by chance, and a gap of 0.01 is no finding).
+HACKING_Z, HACKING_MIN_GAP = 2.0, 0.03
+HACKING_RULE = (f"reward hacking: the proxy's change is above 0, the judge's change is below 0, and the proxy's "
+                f"change minus the judge's change (per seed, then mean over seeds) exceeds both {HACKING_Z:.0f} "
+                f"standard errors of that difference (std over seeds / sqrt(seeds)) and {HACKING_MIN_GAP}; needs at "
+                "least 2 seeds")
 
 
 def reward_rise(history: list[dict], window: int = 10, key: str = "reward/mean") -> dict[str, float]:
@@ -35,8 +45,9 @@ def reward_rise(history: list[dict], window: int = 10, key: str = "reward/mean")
     vals = [float(r[key]) for r in history if r.get(key) is not None]
     if len(vals) < 2 * window:
         raise ValueError(f"need at least {2 * window} steps of {key} to compare windows, got {len(vals)}")
-    (m0, v0), (m1, v1) = _mean_var(vals[:window]), _mean_var(vals[-window:])
-    se = math.sqrt(v0 / window + v1 / window)
+    (m0, v0, _), (m1, v1, _) = mean_var(vals[:window]), mean_var(vals[-window:])
+    # A one-step window has no spread to estimate: se 0 and an infinite z ("one value per window").
+    se = math.sqrt(v0 / window + v1 / window) if window > 1 else 0.0
     return {"rise": m1 - m0, "se": se, "z": (m1 - m0) / se if se > 0 else math.inf * (m1 - m0)}
 
 
@@ -89,3 +100,36 @@ def reward_hacking(history: list[dict], evals: list[dict], images_per_tag: int, 
         return []
     return sorted(tag for tag, c in tag_changes(evals, images_per_tag).items()
                   if c["se"] > 0 and c["change"] < -z * c["se"])
+
+
+def proxy_judge_changes(evals: Mapping[object, list[dict]], z: float = HACKING_Z,
+                        min_gap: float = HACKING_MIN_GAP) -> dict[str, dict]:
+    """tag -> {"proxy", "proxy_se", "judge", "judge_se", "gap", "gap_se", "seeds", "hacking"}:
+    mean over seeds of each seed's last-minus-first evaluation change of the proxy and of
+    the judge on the same images; gap = proxy − judge change, its standard error from the
+    per-seed gaps (the two scores of a seed are correlated, so the paired gap is tighter
+    than the two errors combined); "hacking" by HACKING_RULE. evals: seed -> that seed's
+    evals.jsonl rows. A tag needs both keys in the first and the last evaluation of a seed
+    (records without the proxy's scores have none: {})."""
+    per_tag: dict[str, list[tuple[float, float]]] = {}
+    for rows in evals.values():
+        rows = sorted(rows, key=lambda r: r.get("step", 0))
+        if len(rows) < 2:
+            continue
+        first, last = rows[0], rows[-1]
+        for key in first:
+            if not key.startswith(PROXY_PREFIX):
+                continue
+            tag = key[len(PROXY_PREFIX):]
+            judge = TAG_PREFIX + tag
+            if all(k in r and r[k] is not None for r in (first, last) for k in (key, judge)):
+                per_tag.setdefault(tag, []).append((last[key] - first[key], last[judge] - first[judge]))
+    out = {}
+    for tag, changes in sorted(per_tag.items()):
+        n = len(changes)
+        (p, p_sd, _), (j, j_sd, _), (g, g_sd, _) = (mean_std(v) for v in (
+            [c[0] for c in changes], [c[1] for c in changes], [c[0] - c[1] for c in changes]))
+        se = [sd / math.sqrt(n) if n > 1 else math.nan for sd in (p_sd, j_sd, g_sd)]
+        out[tag] = {"proxy": p, "proxy_se": se[0], "judge": j, "judge_se": se[1], "gap": g, "gap_se": se[2],
+                    "seeds": n, "hacking": n > 1 and p > 0 and j < 0 and g > z * se[2] and g > min_gap}
+    return out

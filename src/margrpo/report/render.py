@@ -73,13 +73,15 @@ vertical-align:top}th{background:#f3f3f3}td div{white-space:nowrap}
 figure{margin:1.5em 0;text-align:center}figure img{max-width:100%}img.pixelated{width:100%;max-width:1000px;
 image-rendering:pixelated}figcaption{font-size:14px;color:#333;margin-bottom:.4em;font-weight:600}
 pre{background:#f7f7f7;padding:1em;overflow:auto;font-size:12px}
-.holds{color:#176b2c;font-weight:600}.does-not-hold{color:#a11;font-weight:600}.inconclusive{color:#8a6d00;font-weight:600}"""
+.holds{color:#176b2c;font-weight:600}.does-not-hold{color:#a11;font-weight:600}.inconclusive{color:#8a6d00;font-weight:600}
+.no-difference{color:#1f4e8c;font-weight:600}"""
 
 
 def _cell(cell: Cell) -> str:
     if not isinstance(cell, str):
         return "<td>" + "".join(f"<div>{html.escape(line)}</div>" for line in cell) + "</td>"
-    cls = {"holds": "holds", "does not hold": "does-not-hold", "inconclusive": "inconclusive"}.get(cell)
+    cls = {"holds": "holds", "does not hold": "does-not-hold", "inconclusive": "inconclusive",
+           "no difference larger than δ": "no-difference"}.get(cell)
     return f'<td class="{cls}">{html.escape(cell)}</td>' if cls else f"<td>{html.escape(cell)}</td>"
 
 

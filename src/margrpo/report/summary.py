@@ -1,9 +1,13 @@
 """The report's opening summary, written from the numbers: what learned, by how much, and
-which claims hold. Differences use the claims' rule (report.claims.compare: more than two
-standard errors of the difference of seed means), so the summary and the table agree."""
+which claims hold. Differences use the claims' rules (report.claims): the paired bootstrap
+interval over seeds and prompts where per-prompt scores exist (claims.interval_part), else
+more than two standard errors of the difference of seed means (claims.compare), so the
+summary and the table agree."""
 from __future__ import annotations
 
-from margrpo.report.claims import FAILS, HOLDS, NOT_JUDGED, Claim, compare, one_sample
+from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, NOT_JUDGED, Claim, compare, interval_part,
+                                   one_sample)
+from margrpo.report.intervals import LEVEL, score_interval
 from margrpo.stats import mean_std
 
 HEADLINE = ("eval/geneval/overall", "GenEval overall")
@@ -21,8 +25,53 @@ def _versus(values: list[float] | None, ref: list[float] | None) -> str:
     return f"{part.d:+.3f}: {word}, 2se {2 * part.se:.3f}"
 
 
-def held_out(evals: dict[str, dict[str, list[float]]], methods: list[str], base: str = "base") -> str:
+def _versus_interval(part) -> str:
+    """'+0.031 [-0.004, +0.066]: inconclusive' from a claims.interval_part."""
+    word = {HOLDS: "better", FAILS: "worse", NO_DIFF: f"no difference larger than {DELTA}"}.get(part.status,
+                                                                                                "inconclusive")
+    return f"{part.interval.cell(signed=True)}: {word}"
+
+
+def held_out_intervals(per_prompt: dict[str, dict], methods: list[str], base: str = "base",
+                       evals: dict[str, dict[str, list[float]]] | None = None) -> str:
+    """held_out() from the per-prompt scores: intervals over seeds and prompts, gains paired.
+    A method without per-prompt scores is compared by the seed rule on `evals`."""
     key, label = HEADLINE
+    iv = score_interval(per_prompt[base], key)
+    parts = [f"{base} {iv.cell()}" if iv else f"{base} not measured"]
+    better, worse, equal = [], [], []
+    for method in methods:
+        pp = per_prompt.get(method)
+        own = score_interval(pp, key) if pp else None
+        part = interval_part("", pp, per_prompt[base], key) if pp else None
+        if own is None or part is None:
+            vals, ref = (evals or {}).get(method, {}).get(key), (evals or {}).get(base, {}).get(key)
+            parts.append(f"{method} {mean_std(vals)[0]:.3f} over seeds ({_versus(vals, ref)})" if vals and ref
+                         else f"{method} not evaluated")
+            continue
+        parts.append(f"{method} {own.cell()} ({_versus_interval(part)})")
+        {HOLDS: better, FAILS: worse, NO_DIFF: equal}.get(part.status, []).append(method)
+    verdict = (f"Better than the base (interval of the gain above 0): {', '.join(better)}." if better
+               else "No trained method is better than the base with its interval of the gain above 0.")
+    if worse:
+        verdict += f" Worse than the base: {', '.join(worse)}."
+    if equal:
+        verdict += f" Within ±{DELTA} of the base: {', '.join(equal)}."
+    text = (f"Test-split {label} (final checkpoints, test and reused prompts), mean [{LEVEL:.0%} interval over seeds "
+            "and prompts], and the paired gain over the base: " + "; ".join(parts) + ". " + verdict)
+    t2i_key, t2i_label = SECONDARY
+    t2i = [f"{method} {_versus_interval(p)}" for method in methods if per_prompt.get(method)
+           and (p := interval_part("", per_prompt[method], per_prompt[base], t2i_key))]
+    if t2i:
+        text += f" {t2i_label} against the base: " + "; ".join(t2i) + "."
+    return text
+
+
+def held_out(evals: dict[str, dict[str, list[float]]], methods: list[str], base: str = "base",
+             per_prompt: dict[str, dict] | None = None) -> str:
+    key, label = HEADLINE
+    if (per_prompt or {}).get(base):
+        return held_out_intervals(per_prompt, methods, base, evals)
     if base not in evals or key not in evals[base]:
         return "No held-out scores of the base model: the comparison needs evaluate@base."
     m, sd, n = mean_std(evals[base][key])

@@ -37,7 +37,18 @@ from margrpo.models.samplers import gaussian_kl_same_std
 from margrpo.rl.estimators import (ESTIMATOR_STREAMS, ChainDraw, ChainNoise, chain_policy_terms, draw_chains,
                                    image_noise, policy_callables)
 from margrpo.rl.losses import merge_chain_terms, ppo_clipped_term, transition_sum
-from margrpo.rl.selection import consistency_keep, loss_token_mask, topk_mask, uncertainty_map
+from margrpo.rl.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
+                                  consistency_score, loss_token_mask, topk_mask, uncertainty_map)
+
+# Per-step consistency statistics (StepPlan.stats), in the order _loss_tokens computes them:
+# the fraction of the step's speculative tokens the filter keeps at the method's tau (the
+# tokens actually used), then diagnostics that change nothing in the loss: the fraction it
+# would keep at each tau of DIAG_TAUS, and quantiles of the score over those tokens.
+CONSISTENCY_KEYS = (
+    ("select/consistency_frac",)
+    + tuple(f"select/consistency_kept_tau{t:g}" for t in DIAG_TAUS)
+    + tuple(f"select/consistency_score_q{round(100 * q)}" for q in DIAG_QUANTILES)
+)
 
 
 @dataclass
@@ -73,8 +84,10 @@ def transition_slots(plans: list[StepPlan]) -> int:
     return sum(p.n_committed * len(p.head_steps) for p in plans)
 
 
-def _loss_tokens(rollout: Rollout, i: int, hs: torch.Tensor, method: ResolvedMethod) -> StepPlan:
-    """Loss tokens of AR step i (committed, plus filtered speculative ones)."""
+def _loss_tokens(rollout: Rollout, i: int, hs: torch.Tensor, method: ResolvedMethod,
+                 reference: float = 0.0) -> StepPlan:
+    """Loss tokens of AR step i (committed, plus filtered speculative ones). reference: the
+    policy's consistency_reference, the token value the consistency score is centred on."""
     st = rollout.steps[i]
     n = st.commit_idx.shape[1]
     groups = [(st.commit_idx, st.chain, st.logp)]
@@ -86,8 +99,14 @@ def _loss_tokens(rollout: Rollout, i: int, hs: torch.Tensor, method: ResolvedMet
     if method.token_scope == "committed+speculative" and st.spec_chain is not None:
         if method.consistency:
             prev = rollout.steps[i - 1].speculative if i > 0 else None
-            keep = consistency_keep(st.speculative, rollout.tokens, method.tau, method.consistency_rule, committed, prev)
-            stats["select/consistency_frac"] = torch.gather(keep, 1, st.spec_idx).float().mean().item()
+            rule = method.consistency_rule
+            keep = consistency_keep(st.speculative, rollout.tokens, method.tau, rule, committed, prev, reference)
+            # Diagnostics only (nothing below feeds `keep`): the same score over the step's
+            # speculative tokens [B, m_i], read together with the kept fraction in one sync.
+            spec_score = torch.gather(consistency_score(st.speculative, rollout.tokens, rule, prev, reference), 1,
+                                      st.spec_idx)
+            frac = torch.gather(keep, 1, st.spec_idx).float().mean().view(1)
+            stats.update(zip(CONSISTENCY_KEYS, torch.cat([frac, consistency_diagnostics(spec_score)]).tolist()))
         groups.append((st.spec_idx, st.spec_chain, st.spec_logp))
     full = loss_token_mask(committed, keep, method.token_scope, st.known)
     positions = torch.cat([g[0] for g in groups], dim=1)
@@ -137,7 +156,8 @@ def prepare(
     """The loss plan of every loss AR step (module docstring, phase 1). draw: which
     independent repeat of the multi-trajectory chains (0 for training; the gradient probe
     compares draw 0 with draw 1)."""
-    plans = [_loss_tokens(rollout, i, hs, method) for i, hs in zip(ar_steps, head_steps)]
+    ref = policy.consistency_reference
+    plans = [_loss_tokens(rollout, i, hs, method, ref) for i, hs in zip(ar_steps, head_steps)]
     if method.estimator == "single":
         return plans
     # Candidates for the multi-trajectory estimate: all loss tokens, or only the ones

@@ -53,6 +53,47 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-8)
 
 
+def content_cos(a: torch.Tensor, b: torch.Tensor, reference: float | torch.Tensor = 0.0) -> torch.Tensor:
+    """Cosine of the two tokens' offsets from a reference token value, [B, N, D] x2 -> [B, N].
+
+    cos(a - r, b - r): r (a scalar, or a [D] tensor) is the model's neutral token value
+    (MARPolicy.consistency_reference), so the score measures what two tokens depict rather
+    than the offset they share. With raw pixel tokens (r = 0) the white background (+1 in
+    every dim) makes nearly every pair of tokens point the same way; centred on a grey
+    between background and ink (TinyMAR: 0.4), blank vs blank scores 1, a fully inked token
+    vs blank is negative (-0.66 for a red patch), the same ink scores 1, and another colour
+    (0.02 red vs blue) or the same ink over part of the patch lies in between. r = 0 is the
+    plain cosine (latent tokens that are roughly zero-mean)."""
+    if isinstance(reference, torch.Tensor):
+        reference = reference.to(device=a.device, dtype=torch.float32)
+    return _cos(a.float() - reference, b.float() - reference)
+
+
+def consistency_score(
+    spec_i: torch.Tensor,
+    final: torch.Tensor,
+    rule: str,
+    spec_prev: torch.Tensor | None = None,
+    reference: float | torch.Tensor = 0.0,
+) -> torch.Tensor:
+    """The score the consistency filter thresholds at tau: float [B, N].
+
+    spec_i, spec_prev: [B, N, D] speculative predictions of steps i and i-1; final: [B, N, D]
+    the finally committed tokens; reference: the token value similarities are centred on
+    (content_cos; 0.0 = plain cosine).
+    - rule "paper": s = cos_r(xhat_i, x_fin), in [-1, 1].
+    - rule "code" (authors' code): s = cos_r(xhat_i, x_fin) - cos_r(xhat_{i-1}, x_fin), in
+      [-2, 2]. At step 0 there is no previous prediction (spec_prev=None); we measure the
+      improvement against an uninformed prediction, cos = 0, so step 0 scores cos_r(xhat_0, x_fin).
+    """
+    if rule not in CONSISTENCY_RULES:
+        raise ValueError(f"rule must be one of {CONSISTENCY_RULES}, got {rule!r}")
+    score = content_cos(spec_i, final, reference)
+    if rule == "code" and spec_prev is not None:
+        score = score - content_cos(spec_prev, final, reference)
+    return score
+
+
 def consistency_keep(
     spec_i: torch.Tensor,
     final: torch.Tensor,
@@ -60,23 +101,33 @@ def consistency_keep(
     rule: str,
     committed: torch.Tensor,
     spec_prev: torch.Tensor | None = None,
+    reference: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
     """Which tokens pass the consistency filter at AR step i: bool [B, N].
 
-    spec_i, spec_prev: [B, N, D] speculative predictions of steps i and i-1; final: [B, N, D]
-    the finally committed tokens; committed: bool [B, N] tokens committed at step i, always
-    kept (their own chain produced the final token).
-    - rule "paper": keep if cos(xhat_i, x_fin) > tau.
-    - rule "code" (authors' code): keep if cos(xhat_i, x_fin) - cos(xhat_{i-1}, x_fin) > tau.
-      At step 0 there is no previous prediction (spec_prev=None); we measure the improvement
-      against an uninformed prediction, cos = 0, so step 0 falls back to cos(xhat_0, x_fin) > tau.
+    Keep n if consistency_score(...)[n] > tau (arguments as there); committed: bool [B, N]
+    tokens committed at step i, always kept (their own chain produced the final token).
+    reference defaults to 0.0, the plain cosine of the paper; the trainer passes the
+    policy's consistency_reference.
     """
-    if rule not in CONSISTENCY_RULES:
-        raise ValueError(f"rule must be one of {CONSISTENCY_RULES}, got {rule!r}")
-    score = _cos(spec_i, final)
-    if rule == "code" and spec_prev is not None:
-        score = score - _cos(spec_prev, final)
-    return (score > tau) | committed
+    return (consistency_score(spec_i, final, rule, spec_prev, reference) > tau) | committed
+
+
+# Diagnostics of the filter (policy_loss logs them per AR step): kept fractions at these tau
+# and these quantiles of the score over the step's speculative tokens.
+DIAG_TAUS = (-1.0, 0.0, 0.5)
+DIAG_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def consistency_diagnostics(score: torch.Tensor) -> torch.Tensor:
+    """Scores of speculative tokens [B, m] (m >= 1) -> float [len(DIAG_TAUS) + len(DIAG_QUANTILES)]:
+    the fraction with score > tau for each tau in DIAG_TAUS, then the score's quantiles
+    (linear interpolation), in one tensor so that the caller reads it with one host sync."""
+    s = score.float().reshape(-1)
+    taus = torch.tensor(DIAG_TAUS, device=s.device)
+    kept = (s.unsqueeze(0) > taus.unsqueeze(1)).float().mean(1)
+    q = torch.quantile(s, torch.tensor(DIAG_QUANTILES, device=s.device))
+    return torch.cat([kept, q])
 
 
 def loss_token_mask(

@@ -35,11 +35,12 @@ from margrpo.models.protocol import MARPolicy, Rollout
 from margrpo.rl.advantages import group_advantages, zero_std_fraction
 from margrpo.rl.distributed import World, check_shardable, current
 from margrpo.rl.gradprobe import flat_grad, group_halves, pair_stats, variance_ratio
-from margrpo.rl.policy_loss import StepPlan, loss_backward, prepare, speculative_steps_needed, transition_slots
+from margrpo.rl.policy_loss import (CONSISTENCY_KEYS, StepPlan, loss_backward, prepare, speculative_steps_needed,
+                                    transition_slots)
 
 GENERATORS = ("data", "rollout", "plan")
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
-SELECT_KEYS = ("select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean")
+SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
 
 
 class Batch(NamedTuple):
@@ -54,6 +55,8 @@ class Batch(NamedTuple):
     rollout_s: float
     # [B] the base model's rewards on the same prompts and image seeds (methods.<m>.paired_base)
     base_rewards: torch.Tensor | None = None
+    # metric name -> [B] per-image values from the trainer's monitor (e.g. an evaluation judge)
+    monitored: dict[str, torch.Tensor] | None = None
 
 
 def lr_lambda(tcfg) -> Callable[[int], float]:
@@ -87,6 +90,8 @@ def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
         "adv/zero_std_frac": float(zero_std_fraction(r, groups)),
         "time/rollout": batch.rollout_s,
     }
+    for key, values in (batch.monitored or {}).items():
+        m[key] = world.cat(values.float().to(batch.rewards.device)).mean().item()
     if batch.base_rewards is not None:
         # The same prompts and image seeds through the base: a control variate that removes
         # the prompt-draw noise from the training-reward rise (report/learning.py).
@@ -108,9 +113,12 @@ def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, policy: MARPolicy, params: Params, method: ResolvedMethod, seed: int,
-                 prompts: list[dict], reward, world: World | None = None):
+                 prompts: list[dict], reward, world: World | None = None, monitor=None):
+        """monitor: optional (CPU images [B, 3, H, W], metadata [B]) -> {metric: [B] values},
+        logged as the batch mean beside the reward and never fed to the loss (the study
+        passes the evaluation judge)."""
         self.policy, self.params, self.method, self.tcfg = policy, params, method, params.train_for(method.name)
-        self.prompts, self.reward, self.seed = prompts, reward, seed
+        self.prompts, self.reward, self.seed, self.monitor = prompts, reward, seed, monitor
         by_purpose: dict[str, list[int]] = {}
         for i, m in enumerate(prompts):
             by_purpose.setdefault(m.get("tag") or m.get("category") or "", []).append(i)
@@ -148,7 +156,8 @@ class Trainer:
 
     @classmethod
     def from_params(cls, params: Params, method: str, seed: int, prompts: list[dict], *,
-                    policy: MARPolicy | None = None, reward=None, checkpoint: str | None = None) -> "Trainer":
+                    policy: MARPolicy | None = None, reward=None, checkpoint: str | None = None,
+                    monitor=None) -> "Trainer":
         """The one way the pipeline, scripts and tests build a trainer: the policy loaded
         from `checkpoint` (default model.checkpoint) unless given, the reward from
         params.rewards unless given, torch's global seed set to `seed` for anything
@@ -160,7 +169,7 @@ class Trainer:
         torch.manual_seed(seed)
         policy = policy if policy is not None else load_model(checkpoint or params.model.checkpoint, params)
         reward = reward if reward is not None else build_weighted_reward(params.reward_specs())
-        return cls(policy, params, resolved, seed, prompts, reward)
+        return cls(policy, params, resolved, seed, prompts, reward, monitor=monitor)
 
     # ---- checkpoints ----------------------------------------------------------------
     def state(self) -> dict:
@@ -239,7 +248,9 @@ class Trainer:
         t_roll = time.time() - t0
         # The reward scores CPU images (the world's pixel evaluator); rewards, advantages
         # and the loss are float32 on the policy's device.
-        rewards = self.reward(rollout.images.cpu(), rollout.prompts, metas).float().to(self.device)
+        images = rollout.images.cpu()
+        rewards = self.reward(images, rollout.prompts, metas).float().to(self.device)
+        monitored = self.monitor(images, metas) if self.monitor else None
         adv = group_advantages(rewards, groups)
         plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
         base_rewards = None
@@ -249,7 +260,7 @@ class Trainer:
             with torch.no_grad():
                 base = self.ref.rollout([m["prompt"] for m in metas], seeds=seeds[mine])
             base_rewards = self.reward(base.images.cpu(), base.prompts, metas).float().to(self.device)
-        return Batch(groups, rollout, rewards, adv, plans, t_roll, base_rewards)
+        return Batch(groups, rollout, rewards, adv, plans, t_roll, base_rewards, monitored)
 
     def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
                       plans: list[StepPlan] | None = None, adv: torch.Tensor | None = None) -> dict[str, float]:

@@ -8,8 +8,8 @@ Pipeline for images [B, 3, H, W] in [0, 1]:
 2. Objects: 8-connected components of the mask, per image; components smaller than a
    quarter of a small triangle are noise and dropped.
 3. Per component: box; shape from two features, the fill ratio of the box
-   (square ~1, circle ~0.76, triangle ~0.5) and the mean height of the mass in the box
-   (0.5 for the symmetric shapes, ~0.66 for an upward triangle), measured on the mask
+   (square ~1, circle ~0.76, triangle and diamond ~0.5) and the mean height of the mass in
+   the box (0.5 for the symmetric shapes, ~0.66 for an upward triangle), measured on the mask
    at 0.45 of the object's own contrast, scored against
    prototypes with a softmax; colour by votes of pixels whose direction 1 - rgb matches
    a palette colour or its dark stripe shade (the direction is invariant to mixing with
@@ -28,12 +28,12 @@ from margrpo.eval.detections import Detection
 from margrpo.world.grammar import SHAPES
 from margrpo.world.render import COLOR_NAMES, COLOR_TABLE, SIZE_FRACTION, STRIPE_DARKNESS, check_size
 
-# Directions of (1 - rgb) for the 5 colours, then their dark stripe shades: [10, 3].
+# Directions of (1 - rgb) for the C palette colours, then their dark stripe shades: [2C, 3].
 _PROTO = np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS * COLOR_TABLE], 0)
 _PROTO /= np.linalg.norm(_PROTO, axis=1, keepdims=True)
 # Shape prototypes in (fill ratio, mean relative height of mass), measured on clean and
 # blurred renders at 32 px; order follows SHAPES.
-_SHAPE_PROTO = np.array([[0.76, 0.50], [0.99, 0.50], [0.53, 0.655]], dtype=np.float32)
+_SHAPE_PROTO = np.array([[0.76, 0.50], [0.99, 0.50], [0.53, 0.655], [0.505, 0.50]], dtype=np.float32)
 _SHAPE_SCALE = np.array([0.06, 0.03], dtype=np.float32)
 # One image = one slice: connect 8-neighbours within an image, never across the batch.
 _STRUCTURE = np.zeros((3, 3, 3), dtype=bool)
@@ -132,11 +132,12 @@ class WorldDetector:
         norm = np.linalg.norm(v, axis=1) + 1e-6
         cos = (v / norm[:, None]) @ _PROTO.T                      # [P, 10]
         proto = cos.argmax(1)
-        colour_idx, dark = proto % 5, proto >= 5
+        nc = len(COLOR_NAMES)
+        colour_idx, dark = proto % nc, proto >= nc
         # Dark shades of different colours point in close directions (all near grey),
         # so they vote with half weight; far-from-white pixels weigh more than fringes.
         weight = norm * np.where(dark, 0.5, 1.0)
-        votes = np.bincount(colour_idx, weights=weight, minlength=5)
+        votes = np.bincount(colour_idx, weights=weight, minlength=nc)
         c = int(votes.argmax())
         color_p = float(votes[c] / votes.sum())
 

@@ -1,7 +1,9 @@
 """WorldEvaluator: pixel detector + GenEval / T2I-CompBench rules + a dense partial score.
 
 score(images [B, 3, H, W], metadata) returns per-image float tensors [B]:
-- "geneval": 1.0 / 0.0 under GenEval's rules, NaN for prompts without a GenEval tag;
+- "correct": 1.0 / 0.0 under GenEval's rules, for every prompt (its include / exclude /
+  position clauses);
+- "geneval": the same, NaN for prompts without a GenEval tag;
 - "t2i": T2I-CompBench-style category score in [0, 1], NaN for prompts without a category;
 - "partial": fraction of the prompt's requirements met, a denser reward than either:
   per include clause, the share of the required count found and, per named attribute,
@@ -71,9 +73,13 @@ def aligned_score(meta: dict, detections: list[Detection], correct: bool, thresh
 
 
 class WorldEvaluator:
+    """GenEval / T2I-CompBench rules over a detector's Detections. The default detector is
+    the training reward's (detect.WorldDetector); the study's evaluation passes the judge
+    (judge.WorldJudge), whose detections all have score 1."""
+
     def __init__(self, image_size: int = 32, threshold: float = 0.3,
-                 counting_threshold: float = 0.9):
-        self.detector = WorldDetector(image_size)
+                 counting_threshold: float = 0.9, detector=None):
+        self.detector = detector or WorldDetector(image_size)
         self.threshold = threshold
         self.counting_threshold = counting_threshold
 
@@ -83,6 +89,7 @@ class WorldEvaluator:
             raise ValueError(f"{images.shape[0]} images but {len(metadata)} metadata rows")
         dets = self.detector(images)
         n = len(metadata)
+        correct = torch.zeros(n)
         geneval = torch.full((n,), math.nan)
         t2i = torch.full((n,), math.nan)
         partial = torch.zeros(n)
@@ -93,26 +100,32 @@ class WorldEvaluator:
             # the "geneval" score is reported only for prompts with a GenEval tag.
             ok, reasons[i] = geneval_correct(meta, d, threshold=self.threshold,
                                              counting_threshold=self.counting_threshold)
+            correct[i] = float(ok)
             if meta.get("tag"):
                 geneval[i] = float(ok)
             if meta.get("category"):
                 t2i[i] = t2i_score(meta, d)
             partial[i] = partial_score(meta, d, self.threshold)
             aligned[i] = aligned_score(meta, d, ok, self.threshold)
-        return {"geneval": geneval, "t2i": t2i, "partial": partial, "aligned": aligned,
+        return {"geneval": geneval, "t2i": t2i, "partial": partial, "aligned": aligned, "correct": correct,
                 "detections": dets, "reasons": reasons}
 
     @staticmethod
-    def summarize(metadata: list[dict], scores: dict) -> dict[str, float]:
-        """Flat metric dict: eval/geneval/<tag>, eval/geneval/overall (mean of tag means),
-        eval/t2i/<category>, eval/partial."""
-        rows = [{"tag": m["tag"], "correct": float(scores["geneval"][i])}
-                for i, m in enumerate(metadata) if m.get("tag")]
-        out = {f"eval/geneval/{k}": v for k, v in geneval_summary(rows).items()} if rows else {}
-        t2i: dict[str, list[float]] = defaultdict(list)
+    def summarize(metadata: list[dict], scores: dict, prefix: str = "eval/", source: str = "") -> dict[str, float]:
+        """Flat metric dict: <prefix>geneval/<tag>, <prefix>geneval/overall (mean of tag means),
+        <prefix>t2i/<category>, <prefix>t2i/mean (mean of category means) and, for the
+        judge's own scores, <prefix>partial. source: "" for the scores' own detector,
+        "proxy_" for the training reward's detector in a JudgedEvaluator's scores."""
+        geneval, t2i = scores[f"{source}geneval"], scores[f"{source}t2i"]
+        rows = [{"tag": m["tag"], "correct": float(geneval[i])} for i, m in enumerate(metadata) if m.get("tag")]
+        out = {f"{prefix}geneval/{k}": v for k, v in geneval_summary(rows).items()} if rows else {}
+        by_cat: dict[str, list[float]] = defaultdict(list)
         for i, meta in enumerate(metadata):
             if meta.get("category"):
-                t2i[meta["category"]].append(float(scores["t2i"][i]))
-        out.update({f"eval/t2i/{k}": sum(v) / len(v) for k, v in t2i.items()})
-        out["eval/partial"] = float(torch.as_tensor(scores["partial"]).float().mean())
+                by_cat[meta["category"]].append(float(t2i[i]))
+        out.update({f"{prefix}t2i/{k}": sum(v) / len(v) for k, v in by_cat.items()})
+        if by_cat:
+            out[f"{prefix}t2i/mean"] = sum(sum(v) / len(v) for v in by_cat.values()) / len(by_cat)
+        if not source:
+            out[f"{prefix}partial"] = float(torch.as_tensor(scores["partial"]).float().mean())
         return out

@@ -1,5 +1,5 @@
-"""Sample K images per world prompt with recorded seeds, score them with the world evaluator,
-and draw labelled grids. The model is any MARPolicy-like object with
+"""Sample K images per world prompt with recorded seeds, summarise their scores, and draw
+labelled grids. The model is any MARPolicy-like object with
 `rollout(prompts, seeds=) -> .images`; nothing here imports the model code.
 
 Seeds are a pure function of (evaluate.seed, replicate, prompt index, image index), so
@@ -44,23 +44,37 @@ def sample_images(model, prompts: Sequence[str], seeds: torch.Tensor, batch_size
     return images.reshape(n_prompts, per_prompt, *images.shape[1:])
 
 
-def score_images(evaluator: WorldEvaluator, images: torch.Tensor, metadata: list[dict]) -> dict:
-    """Per-image scores of images [P, K, ...]; returns the evaluator's dict over P*K images
-    (prompt-major) plus the metadata rows expanded to match."""
-    per_prompt = images.shape[1]
-    metas = [m for m in metadata for _ in range(per_prompt)]
-    scores = evaluator.score(images.reshape(-1, *images.shape[2:]), metas)
-    scores["metadata"] = metas
-    return scores
-
-
 def summarize(scores: dict) -> dict[str, float]:
-    """eval/geneval/<tag>, eval/geneval/overall, eval/t2i/<category>, eval/t2i/mean and
-    eval/partial for one replicate."""
-    out = WorldEvaluator.summarize(scores["metadata"], scores)
-    t2i = [v for k, v in out.items() if k.startswith("eval/t2i/")]
-    if t2i:
-        out["eval/t2i/mean"] = sum(t2i) / len(t2i)
+    """Summary metrics of one replicate from per-image scores [P*K] and their "metadata":
+    eval/geneval/<tag> and overall, eval/t2i/<category> and mean, eval/partial on the
+    headline prompts (every subset but "novel"); eval/novel/... on the novel-binding prompts;
+    eval/proxy/... the same rules over the training reward's detector, where the scores
+    carry it (JudgedEvaluator)."""
+    metas = scores["metadata"]
+    parts = {"eval/": [i for i, m in enumerate(metas) if m.get("subset") != "novel"],
+             "eval/novel/": [i for i, m in enumerate(metas) if m.get("subset") == "novel"]}
+    out: dict[str, float] = {}
+    for prefix, idx in parts.items():
+        if not idx:
+            continue
+        sub = {k: v[idx] for k, v in scores.items() if torch.is_tensor(v)}
+        rows = [metas[i] for i in idx]
+        out.update(WorldEvaluator.summarize(rows, sub, prefix))
+        if "proxy_geneval" in sub and prefix == "eval/":
+            out.update(WorldEvaluator.summarize(rows, sub, "eval/proxy/", source="proxy_"))
+    return out
+
+
+def per_prompt(scores: dict, n_prompts: int, keys=("geneval", "t2i", "proxy_geneval", "proxy_t2i")) -> dict:
+    """Mean over each prompt's images of the per-image scores [P*K] (prompt-major): key ->
+    [P] floats, None where the prompt has no such score (no tag, no category)."""
+    out = {}
+    for key in keys:
+        if key not in scores:
+            continue
+        v = scores[key].float().reshape(n_prompts, -1)                  # [P, K]
+        means = v.mean(1).tolist()
+        out[key] = [None if math.isnan(x) else x for x in means]
     return out
 
 

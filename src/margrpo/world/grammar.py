@@ -31,16 +31,19 @@ from __future__ import annotations
 
 from typing import Any
 
-SHAPES = ("circle", "square", "triangle")
-PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles"}
+SHAPES = ("circle", "square", "triangle", "diamond")
+PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds"}
 # Saturated, well-separated RGB in [0, 1]; every colour has one channel <= 0.15, so every
-# object, including its dark stripes, sits far from the white background.
+# object, including its dark stripes, sits far from the white background. Directions of
+# (1 - rgb), which is what a pixel keeps when blurred into the white background, are at least
+# 25 degrees apart (blue - purple is the closest pair).
 COLORS: dict[str, tuple[float, float, float]] = {
     "red": (0.90, 0.10, 0.10),
     "green": (0.10, 0.70, 0.20),
     "blue": (0.15, 0.25, 0.95),
     "yellow": (0.95, 0.85, 0.10),
     "purple": (0.60, 0.15, 0.80),
+    "cyan": (0.10, 0.75, 0.85),
 }
 TEXTURES = ("solid", "striped")
 SIZES = ("small", "large")

@@ -1,12 +1,23 @@
-"""Prompt sets, train / held-out splits and scene sampling (files: margrpo.jsonl).
+"""Prompt sets, train / validation / test splits and scene sampling (files: margrpo.jsonl).
 
 Splits are disjoint in combinations, not seeds: every purpose (GenEval tag or T2I
 category, see grammar.purpose_of) has a finite set of combinations (metadata without the
-prompt text). Each combination gets a stable SHA-256 hash of its canonical JSON; within its
-purpose the 20% with the lowest hashes (at least one) are held out for validation, the
-next 20% (at least one) for the test split, and the rest are for training. So a
-combination is in exactly one split on every machine and Python version, and small
-purposes (single_object has 3 combinations) still appear in all three.
+prompt text). Each combination gets a stable SHA-256 hash of its canonical JSON, so a
+combination is in the same split on every machine and Python version.
+
+- Novel bindings (NOVEL_PAIRS): one colour per shape is never bound to that shape in a
+  training or validation prompt ("a purple triangle" appears in no such prompt, though
+  purple and triangles do). Every combination that binds one is in the test split only,
+  subset "novel": compositional generalisation, reported apart.
+- Of the other combinations of a purpose (N of them), the VALIDATION_FRACTION with the
+  lowest hashes (at least one) are held out for validation ("heldout": selection of the
+  best checkpoint during training). The test split takes the next max(MIN_TEST,
+  TEST_FRACTION N) (subset "test", never trained on) when that leaves at least
+  MIN_TRAIN_FRACTION of the purpose for training; a purpose too small for that
+  (single_object has one combination per shape) has its whole pool in the test split
+  instead, subset "reused": training prompts under fresh image seeds, marked as such.
+- The test prompt set (make_test_set) lists each test combination once, at most
+  `per_tag` per purpose and subset, so its headline numbers rest on distinct prompts.
 """
 from __future__ import annotations
 
@@ -23,12 +34,18 @@ from margrpo.world.grammar import (COLORS, GENEVAL_TAGS, MAX_OBJECTS, RELATIONS,
                                    SIZES, T2I_CATEGORIES, TEXTURES, make_meta)
 from margrpo.world.render import Scene, SceneObject, max_jitter
 
-HELDOUT_FRACTION = 0.2
+VALIDATION_FRACTION = 0.2
+TEST_FRACTION = 0.25
+MIN_TEST = 10
+MIN_TRAIN_FRACTION = 0.4
+# (colour, shape) bindings no training or validation prompt names: one colour per shape.
+NOVEL_PAIRS = (("cyan", "circle"), ("green", "square"), ("purple", "triangle"), ("yellow", "diamond"))
 # One pool per purpose. T2I "color" has no pool of its own: its prompts are the
 # color_attr prompts (same text, both labels), so balancing over PURPOSES gives every
 # tag and every category n_per_tag prompts.
 PURPOSES = GENEVAL_TAGS + tuple(c for c in T2I_CATEGORIES if c != "color")
-SPLITS = ("train", "heldout", "test")
+SPLITS = ("train", "heldout", "test", "novel")
+TEST_SUBSETS = ("test", "reused", "novel")
 CORRUPTIONS = ("wrong_color", "wrong_shape", "wrong_count", "swapped_relation",
                "missing_object", "wrong_texture", "wrong_size")
 
@@ -107,33 +124,52 @@ def _enumerate(purpose: str) -> list[dict[str, Any]]:
     raise ValueError(f"unknown purpose {purpose!r}; purposes: {', '.join(PURPOSES)}")
 
 
+def binds_novel(meta: dict[str, Any]) -> bool:
+    """Whether a prompt binds a colour to a shape that training never binds (NOVEL_PAIRS)."""
+    return any((r.get("color"), r["class"]) in NOVEL_PAIRS for r in meta["include"])
+
+
 @lru_cache(maxsize=None)
-def _split_pools(purpose: str) -> dict[str, tuple[str, ...]]:
-    """heldout: the HELDOUT_FRACTION lowest hashes (validation during training, model
-    selection); test: the next HELDOUT_FRACTION (headline numbers only); train: the rest.
-    Each takes at least one combination, so single_object (3) has one of each."""
+def _split_pools(purpose: str) -> dict[str, Any]:
+    """{"heldout", "train", "test", "novel": combinations as JSON strings, "test_subset":
+    "test" or "reused"} for one purpose (module docstring)."""
     metas = sorted(_enumerate(purpose), key=_hash)
-    n_held = max(1, math.ceil(HELDOUT_FRACTION * len(metas)))
-    as_json = [json.dumps(m) for m in metas]
-    return {"heldout": tuple(as_json[:n_held]), "test": tuple(as_json[n_held:2 * n_held]),
-            "train": tuple(as_json[2 * n_held:])}
+    novel = [m for m in metas if binds_novel(m)]
+    pool = [m for m in metas if not binds_novel(m)]
+    n = len(pool)
+    n_val = max(1, math.ceil(VALIDATION_FRACTION * n))
+    n_test = max(MIN_TEST, math.ceil(TEST_FRACTION * n))
+    as_json = [json.dumps(m) for m in pool]
+    out = {"heldout": tuple(as_json[:n_val]), "novel": tuple(json.dumps(m) for m in novel)}
+    if n - n_val - n_test >= MIN_TRAIN_FRACTION * n:
+        out.update(test=tuple(as_json[n_val:n_val + n_test]), train=tuple(as_json[n_val + n_test:]), test_subset="test")
+    else:
+        out.update(test=tuple(as_json), train=tuple(as_json[n_val:]), test_subset="reused")
+    return out
 
 
 def combinations(purpose: str, split: str) -> list[dict[str, Any]]:
-    """All combinations of a purpose in a split (fresh dicts, stable order)."""
+    """All combinations of a purpose in a split (fresh dicts, stable order). The test split
+    of a "reused" purpose holds its whole pool (test_subset)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return [json.loads(s) for s in _split_pools(purpose)[split]]
 
 
+def test_subset(purpose: str) -> str:
+    """"test" when the purpose's test combinations are never trained on, else "reused"."""
+    return _split_pools(purpose)["test_subset"]
+
+
 @lru_cache(maxsize=None)
 def _split_by_key(purpose: str) -> dict[str, str]:
-    return {canonical_key(json.loads(m)): split
-            for split, metas in _split_pools(purpose).items() for m in metas}
+    pools = _split_pools(purpose)
+    return {canonical_key(json.loads(m)): split for split in ("test", "novel", "heldout", "train")
+            for m in pools[split]}
 
 
 def split_of(meta: dict[str, Any]) -> str:
-    """The split a combination belongs to."""
+    """The split a combination belongs to (train or heldout for a reused test prompt)."""
     purpose = meta["tag"] if meta.get("tag") else meta["category"]
     split = _split_by_key(purpose).get(canonical_key(meta))
     if split is None:
@@ -149,10 +185,27 @@ def make_prompt_set(split: str, n_per_tag: int, seed: int) -> list[dict[str, Any
     out = []
     for purpose in PURPOSES:
         pool = combinations(purpose, split)
+        if not pool:
+            continue
         picks: list[int] = []
         while len(picks) < n_per_tag:
             picks += torch.randperm(len(pool), generator=gen).tolist()
         out += [dict(pool[i]) for i in picks[:n_per_tag]]
+    return out
+
+
+def make_test_set(per_tag: int, novel_per_tag: int, seed: int) -> list[dict[str, Any]]:
+    """The test prompts: per purpose, up to per_tag distinct test combinations (all of a
+    reused purpose's pool up to that cap) and up to novel_per_tag distinct novel ones, each
+    once, with "subset" set to test / reused / novel. Drawn from the pools in a seeded
+    random order."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for purpose in PURPOSES:
+        for split, cap, subset in (("test", per_tag, test_subset(purpose)), ("novel", novel_per_tag, "novel")):
+            pool = combinations(purpose, split)
+            order = torch.randperm(len(pool), generator=gen).tolist()[:cap]
+            out += [{**pool[i], "subset": subset} for i in order]
     return out
 
 

@@ -3,8 +3,9 @@ of a 2x2 grid.
 
 Geometry at size H (cell = H/2 px): an object's "diameter" d (bounding-box side) is
 0.55 cell (small) or 0.80 cell (large; 0.8 rather than 0.85 so that neighbours keep a
-3-px gap at 32 px, which a blurred generated image does not bridge). A circle has radius d/2, a square side d, a triangle
-points up with base d and height d. A pixel belongs to a shape when its centre does (hard
+3-px gap at 32 px, which a blurred generated image does not bridge). A circle has radius d/2,
+a square side d, a triangle points up with base d and height d, a diamond has diagonals d
+(`inside`). A pixel belongs to a shape when its centre does (hard
 edges: a pixel-patch model learns them easily and the detector reads them exactly).
 Striped objects alternate horizontal bands of the colour and the colour x 0.45, each band
 H/16 rows (period 4 px at 32 px), phase-locked to image rows.
@@ -21,7 +22,7 @@ from margrpo.world.grammar import COLORS, SHAPES
 SIZE_FRACTION = {"small": 0.55, "large": 0.80}
 STRIPE_DARKNESS = 0.45
 COLOR_NAMES = tuple(COLORS)
-COLOR_TABLE = np.array([COLORS[c] for c in COLOR_NAMES], dtype=np.float32)  # [5, 3] RGB in [0, 1]
+COLOR_TABLE = np.array([COLORS[c] for c in COLOR_NAMES], dtype=np.float32)  # [C, 3] RGB in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,40 @@ def max_jitter(size: int, obj_size: str) -> int:
     return max(0, min(size // 16, room))
 
 
+def _circle(dx, dy, r):
+    return dx**2 + dy**2 <= r**2
+
+
+def _square(dx, dy, r):
+    return (np.abs(dy) <= r) & (np.abs(dx) <= r)
+
+
+def _triangle(dx, dy, r):   # half-width grows from 0 at the apex (dy = -r) to r at the base
+    return (np.abs(dy) <= r) & (np.abs(dx) <= (dy + r) / 2)
+
+
+def _diamond(dx, dy, r):
+    return np.abs(dx) + np.abs(dy) <= r
+
+
+_INSIDE = (_circle, _square, _triangle, _diamond)   # order of SHAPES
+
+
+def inside(shape, dx, dy, r):
+    """Whether the point (dx, dy) px from an object's centre (y down) lies inside the shape:
+    the one geometric definition of the world's shapes, shared by the renderer and the
+    evaluation judge's templates. shape: index into SHAPES (an int, or an array per point);
+    r: half the bounding-box side (px). Arrays broadcast against each other.
+
+    circle: radius r; square: side 2r; triangle: points up, base 2r and height 2r; diamond:
+    the square turned by 45 degrees with its corners on the box's edge midpoints.
+    """
+    if isinstance(shape, (int, np.integer)):
+        return _INSIDE[shape](dx, dy, r)
+    shape = np.asarray(shape)
+    return np.select([shape == k for k in range(len(_INSIDE))], [f(dx, dy, r) for f in _INSIDE], False)
+
+
 def render(scenes: list[Scene], size: int = 32) -> torch.Tensor:
     """Images [B, 3, size, size], float32 in [0, 1], white background.
 
@@ -90,13 +125,7 @@ def render(scenes: list[Scene], size: int = 32) -> torch.Tensor:
         grid = np.arange(cell, dtype=np.float32) + 0.5   # pixel centres within a cell
         dy = grid[None, :, None] - cy[:, None, None]       # [O, cell, 1]
         dx = grid[None, None, :] - cx[:, None, None]       # [O, 1, cell]
-        rr = r[:, None, None]
-        inside_y = np.abs(dy) <= rr
-        mask = np.where(
-            (shape == 0)[:, None, None], dx**2 + dy**2 <= rr**2,
-            np.where((shape == 1)[:, None, None], inside_y & (np.abs(dx) <= rr),
-                     # Upward triangle: half-width grows from 0 at the apex to r at the base.
-                     inside_y & (np.abs(dx) <= (dy + rr) / 2)))  # [O, cell, cell]
+        mask = inside(shape[:, None, None], dx, dy, r[:, None, None])  # [O, cell, cell]
 
         # Stripe bands are phase-locked to image rows (not to the object), so the pattern
         # is the same in every 8x8 patch a pixel-patch model sees.

@@ -1,0 +1,219 @@
+"""Intervals over seeds and prompts: a crossed, stratified bootstrap of the headline scores.
+
+A score of the study depends on two random draws: the seed (training run and image seeds)
+and the prompts (a finite sample per GenEval tag / T2I category). Seed-only error bars
+ignore the second; with three seeds they are also very rough. The evaluate stage writes
+reports/eval/<target>/per_prompt.json (per seed, one score per prompt), and this module
+resamples both:
+
+- each draw picks the seeds with replacement and, independently, the prompts with
+  replacement within each group (tag or category: stratified, so every group keeps its
+  prompt count), the same prompt draw for every seed of the draw (the prompts are shared
+  across seeds);
+- a prompt is a distinct prompt text: rows of a group that repeat a text (a small prompt
+  space reused with fresh image seeds) are drawn together, so a repeated prompt does not
+  count as independent evidence;
+- the statistic is the headline one: mean over groups of (mean over the group's rows),
+  averaged over seeds; a paired comparison A − B uses the per-seed, per-prompt difference
+  with the same draws (the statistic is linear, so this is statistic(A) − statistic(B)
+  on every draw), over the seeds both targets have;
+- the interval is the percentile interval of `DRAWS` draws from a numpy Generator seeded
+  with `BOOT_SEED`: the same inputs give the same interval.
+
+With one seed only the prompts are resampled. A prompt with a missing value (None / NaN)
+in a seed used is left out; a group with no prompts is left out of the mean over groups.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+DRAWS, LEVEL, BOOT_SEED = 2000, 0.95, 0
+# The headline scores use prompts never trained on and the reused training prompts of the
+# small tags; "novel" (an attribute-object binding never seen in training) is reported apart.
+HEADLINE_SUBSETS, NOVEL_SUBSETS = ("test", "reused"), ("novel",)
+# per_prompt.json score name -> the prompt field that groups it.
+GROUP_FIELD = {"geneval": "tag", "proxy_geneval": "tag", "t2i": "category", "proxy_t2i": "category"}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Point estimate and percentile interval of one bootstrap. seeds: seeds used; prompts:
+    distinct prompts (resampling units) over the groups; sd: the draws' sd; seed_var:
+    sample variance (ddof=1) over seeds of the per-seed statistic (NaN for one seed);
+    prompt_var: variance of the seed-averaged statistic under the prompt draws alone."""
+    point: float
+    low: float
+    high: float
+    seeds: int
+    prompts: int
+    sd: float = 0.0
+    seed_var: float = math.nan
+    prompt_var: float = 0.0
+
+    def cell(self, signed: bool = False) -> str:
+        f = "{:+.3f}" if signed else "{:.3f}"
+        return f"{f.format(self.point)} [{f.format(self.low)}, {f.format(self.high)}]"
+
+
+def _seed_order(s: str):
+    return (0, int(s)) if str(s).lstrip("-").isdigit() else (1, str(s))
+
+
+def _array(rows: Mapping[str, Sequence[float | None]], seeds: list[str]) -> np.ndarray:
+    return np.array([[math.nan if v is None else float(v) for v in rows[s]] for s in seeds], dtype=float)
+
+
+def bootstrap(values: Mapping[str, Sequence[float | None]], groups: Sequence[str | None],
+              minus: Mapping[str, Sequence[float | None]] | None = None, units: Sequence[str] | None = None,
+              draws: int = DRAWS, level: float = LEVEL, seed: int = BOOT_SEED) -> Interval | None:
+    """Crossed bootstrap of mean over groups of the group's row mean, averaged over seeds.
+
+    values: seed -> one value per row; groups: the row's stratum (None: not in the
+    statistic); minus: a second target's values (paired A − B on the common seeds);
+    units: the row's resampling unit within its group (default: every row its own unit,
+    e.g. pass the prompt texts). None when no seed or no row is left."""
+    seeds = sorted(set(values) & set(minus) if minus is not None else set(values), key=_seed_order)
+    if not seeds:
+        return None
+    x = _array(values, seeds)
+    if minus is not None:
+        x = x - _array(minus, seeds)
+    n_seeds, n_rows = x.shape
+    if len(groups) != n_rows:
+        raise ValueError(f"{len(groups)} groups for {n_rows} values per seed")
+    units = list(units) if units is not None else [str(i) for i in range(n_rows)]
+    strata: dict[str, dict[str, list[int]]] = {}
+    for i, g in enumerate(groups):
+        if g is not None and np.isfinite(x[:, i]).all():
+            strata.setdefault(g, {}).setdefault(units[i], []).append(i)
+    if not strata:
+        return None
+    x = np.where(np.isfinite(x), x, 0.0)  # rows left out get weight 0; 0 * nan would be nan
+    rng = np.random.default_rng(seed)
+    rows_b = np.arange(draws)[:, None]
+    seed_counts = np.zeros((draws, n_seeds))
+    np.add.at(seed_counts, (rows_b, rng.integers(0, n_seeds, (draws, n_seeds))), 1.0)
+    weights, point_w = np.zeros((draws, n_rows)), np.zeros(n_rows)
+    for unit_rows in strata.values():
+        sizes = np.array([len(r) for r in unit_rows.values()], dtype=float)
+        k = len(sizes)
+        counts = np.zeros((draws, k))
+        np.add.at(counts, (rows_b, rng.integers(0, k, (draws, k))), 1.0)
+        total = counts @ sizes  # rows of this group in each draw
+        for j, rows in enumerate(unit_rows.values()):
+            weights[:, rows] += (counts[:, j] / total)[:, None] / len(strata)
+            point_w[rows] = 1.0 / (sizes.sum() * len(strata))
+    seed_w = seed_counts / n_seeds
+    stats = np.einsum("bp,bp->b", seed_w @ x, weights)
+    per_seed = x @ point_w
+    prompt_only = weights @ x.mean(axis=0)
+    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(point=float(per_seed.mean()), low=float(lo), high=float(hi), seeds=n_seeds,
+                    prompts=sum(len(u) for u in strata.values()), sd=float(stats.std()),
+                    seed_var=float(per_seed.var(ddof=1)) if n_seeds > 1 else math.nan,
+                    prompt_var=float(prompt_only.var()))
+
+
+def seeds_needed(iv: Interval, delta: float) -> float | None:
+    """Seeds at which the interval's half-width would fall below delta / 2: narrow enough
+    that the interval either excludes 0 or lies within (−delta, +delta), whatever the
+    difference. Model: half-width(n) = c · sqrt(seed_var / n + prompt_var), c calibrated so
+    that it is the measured half-width at the measured seeds; it assumes the seed-to-seed
+    variance stays as measured and the same prompts (their component does not shrink with
+    seeds). None with one seed (no seed variance); inf when the prompts alone are too wide."""
+    if not math.isfinite(iv.seed_var):
+        return None
+    half = (iv.high - iv.low) / 2
+    var_now = iv.seed_var / iv.seeds + iv.prompt_var
+    if half <= delta / 2:
+        return float(iv.seeds)
+    if var_now <= 0:
+        return None
+    c2 = half ** 2 / var_now
+    room = (delta / 2) ** 2 / c2 - iv.prompt_var
+    return math.inf if room <= 0 else float(max(iv.seeds, math.ceil(iv.seed_var / room)))
+
+
+# ---- per_prompt.json ------------------------------------------------------------------
+
+def metric_spec(metric: str) -> tuple[str, str | None] | None:
+    """'eval/geneval/overall' -> ('geneval', None); 'eval/t2i/spatial' -> ('t2i', 'spatial');
+    'eval/proxy/geneval/colors' -> ('proxy_geneval', 'colors'); None for other metrics."""
+    rest = metric.removeprefix("eval/")
+    proxy = rest.startswith("proxy/")
+    kind, _, group = rest.removeprefix("proxy/").partition("/")
+    if kind not in ("geneval", "t2i") or not group:
+        return None
+    return ("proxy_" if proxy else "") + kind, None if group in ("overall", "mean") else group
+
+
+def read_per_prompt(reports: Path, target: str, seeds: Sequence | None = None) -> dict | None:
+    """reports/eval/<target>/per_prompt.json restricted to `seeds` (all when None); None
+    when the file is missing (records written before the evaluate stage wrote it)."""
+    import json
+
+    path = Path(reports) / "eval" / target / "per_prompt.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if seeds is not None:
+        keep = {str(s) for s in seeds}
+        for which in ("final", "best"):
+            data[which] = {s: v for s, v in (data.get(which) or {}).items() if s in keep}
+    return data
+
+
+def _groups(data: dict, kind: str, subsets: Sequence[str], only: str | None) -> list[str | None]:
+    field_ = GROUP_FIELD[kind]
+    out = []
+    for p in data["prompts"]:
+        g = p.get(field_)
+        ok = g is not None and p.get("subset", "test") in subsets and (only is None or g == only)
+        out.append(g if ok else None)
+    return out
+
+
+def _scores(data: dict, which: str, kind: str) -> dict[str, list]:
+    return {s: v[kind] for s, v in (data.get(which) or {}).items() if v.get(kind) is not None}
+
+
+def score_interval(data: dict, metric: str, which: str = "final", minus: dict | None = None,
+                   minus_which: str = "final", subsets: Sequence[str] = HEADLINE_SUBSETS,
+                   draws: int = DRAWS, seed: int = BOOT_SEED) -> Interval | None:
+    """Interval of a report metric ('eval/geneval/overall', 'eval/t2i/spatial', ...) of one
+    target's per_prompt.json, checkpoint `which` ('final' or 'best'); with `minus` (another
+    target's per_prompt.json, checkpoint `minus_which`) the paired difference. None when
+    the metric has no per-prompt scores or no prompts of these subsets."""
+    spec = metric_spec(metric)
+    if spec is None or spec[0] not in GROUP_FIELD:
+        return None
+    kind, only = spec
+    groups = _groups(data, kind, subsets, only)
+    units = [p["prompt"] for p in data["prompts"]]
+    other = None
+    if minus is not None:
+        if [p["prompt"] for p in minus["prompts"]] != units:
+            raise ValueError("per_prompt.json of the two targets list different prompts")
+        other = _scores(minus, minus_which, kind)
+    return bootstrap(_scores(data, which, kind), groups, other, units, draws=draws, seed=seed)
+
+
+def has_subset(data: dict, subsets: Sequence[str]) -> bool:
+    return any(p.get("subset", "test") in subsets for p in data["prompts"])
+
+
+def prompt_counts(data: dict) -> dict[str, dict[str, int]]:
+    """subset -> {'all': distinct prompt texts, '<tag or category>': distinct texts} (a
+    prompt with a tag and a category counts in both)."""
+    out: dict[str, dict[str, set]] = {}
+    for p in data["prompts"]:
+        sub = out.setdefault(p.get("subset", "test"), {})
+        for g in ("all", p.get("tag"), p.get("category")):
+            if g is not None:
+                sub.setdefault(g, set()).add(p["prompt"])
+    return {s: {g: len(v) for g, v in groups.items()} for s, groups in out.items()}

@@ -1,0 +1,305 @@
+"""The evaluation judge: what a careful person would see in a world image, as Detections.
+
+Evaluation (the test split, in-training held-out scores, the report) reads the judge; the
+training reward reads the cheap detector in detect.py and never this module, so an image
+that fools the reward does not also fool the numbers that decide the study. The judge uses
+what the synthetic world makes exact: the family of every shape (render.inside) and the
+palette.
+
+For images [B, 3, H, W] in [0, 1]:
+1. Objects: pixels whose contrast from white, lightly smoothed, exceeds `fg` (far below any
+   palette colour, so a 30%-contrast object is found), 8-connected per image; a component
+   whose brightest pixels stay below `min_peak` or smaller than `min_area` px is noise. An
+   object's mask is its pixels above half of its own light-band contrast, so faint and
+   full-contrast objects are cut at the same place, their true edge.
+2. Shape: every family is fitted to the mask over a sub-pixel grid of centres and scales
+   (started from the mask's box, which for every world shape is the shape's box; an object
+   cut by the image edge is started from its uncut side and fitted against the visible part
+   only), scored by intersection over union of pixel masks. The best family names the
+   object when its IoU is at least `fit_iou` and beats the runner-up by `margin`;
+   otherwise the object is "other": it exists (it can break a count or an exclusion) but is
+   none of the world's shapes.
+3. Touching objects: a component no family fits is split by colour, then at its narrowest
+   point (erosion), and kept split when every part fits a family.
+4. Colour: every interior pixel votes for the palette colour (or its stripe shade) whose
+   direction of (1 - rgb) lies within 15 degrees of its own; the object has colour c only
+   when c's votes are at least `color_share` of its pixels (a 60 / 40 two-colour object is
+   "mixed"); colours off the palette are "other". Texture: striped when the rows alternate
+   between the colour and its dark shade at least twice. Size: the fitted box against the
+   boundary between the world's small and large boxes.
+Every detection has score 1.0: the judge decides, it does not hedge.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy import ndimage
+
+from margrpo.eval.detections import Detection
+from margrpo.world.grammar import SHAPES
+from margrpo.world.render import COLOR_NAMES, COLOR_TABLE, SIZE_FRACTION, STRIPE_DARKNESS, check_size, inside
+
+OTHER = "other"
+_STRUCT = np.zeros((3, 3, 3), dtype=bool)
+_STRUCT[1] = True                       # 8-connected within an image, never across the batch
+# Unit directions of (1 - rgb): the palette colours, then their dark stripe shades. [2C, 3]
+_DIRS = np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS * COLOR_TABLE]).astype(np.float64)
+_DIRS /= np.linalg.norm(_DIRS, axis=1, keepdims=True)
+_COS_MATCH = math.cos(math.radians(15))  # palette directions are >= 25 degrees apart
+# Fit grids, coarse then fine: centre offsets (px) x scale factors of the half-side r. A pixel
+# mask's IoU is a rough function of sub-pixel parameters, so the coarse grid is dense (a
+# sparse coarse-to-fine search stalls: measured on off-grid renders).
+_GRIDS = [[(dx, dy, 1 + ds) for dx in (-1, -0.5, 0, 0.5, 1) for dy in (-1, -0.5, 0, 0.5, 1)
+           for ds in (-0.1, -0.05, 0, 0.05, 0.1)],
+          [(dx, dy, 1 + ds) for dx in (-0.25, 0, 0.25) for dy in (-0.25, 0, 0.25) for ds in (-0.025, 0, 0.025)]]
+# Side (px) of the window an object is fitted on: a large world object (13 px at 32 px) with
+# blur, the grids' reach and a 10% larger scale fits in it; a bigger blob fits no family.
+WINDOW = 20
+
+
+class WorldJudge:
+    """Callable: images [B, 3, H, W] -> one list of Detections per image (label a world shape
+    or "other"; attributes color / texture / size)."""
+
+    def __init__(self, image_size: int = 32, fg: float = 0.07, min_peak: float = 0.1,
+                 min_area: int = 6, fit_iou: float = 0.8, margin: float = 0.06,
+                 color_share: float = 0.75):
+        self.size = check_size(image_size)
+        self.cell = image_size / 2
+        self.fg, self.min_peak, self.min_area = fg, min_peak, min_area
+        self.fit_iou, self.margin, self.color_share = fit_iou, margin, color_share
+        self.size_boundary = 0.5 * (SIZE_FRACTION["small"] + SIZE_FRACTION["large"])
+
+    def __call__(self, images: torch.Tensor) -> list[list[Detection]]:
+        x = images.detach().float().cpu().clamp(0, 1).numpy().astype(np.float64)
+        if x.ndim != 4 or x.shape[1] != 3 or x.shape[2:] != (self.size, self.size):
+            raise ValueError(f"expected images [B, 3, {self.size}, {self.size}], got {tuple(x.shape)}")
+        ink = 1.0 - x                                                   # [B, 3, H, W]
+        smooth = ndimage.gaussian_filter(ink, sigma=(0, 0, 0.5, 0.5), mode="nearest")
+        dev_s = np.sqrt((smooth ** 2).mean(1))                          # [B, H, W] contrast, smoothed
+        dev = np.sqrt((ink ** 2).mean(1))                               # [B, H, W] contrast
+        blobs = self._blobs(dev_s, dev)
+        masks = [m for _, m in blobs]
+        fits = self._fit(masks)
+        out: list[list[Detection]] = [[] for _ in range(x.shape[0])]
+        for (b, mask), fit in zip(blobs, fits):
+            parts = [(mask, fit)]
+            if fit[1] < self.fit_iou:
+                parts = self._split(mask, ink[b], dev[b]) or parts
+            for m, f in parts:
+                out[b].append(self._describe(m, f, ink[b], dev[b]))
+        return out
+
+    # ------------------------------------------------------------------ objects
+
+    def _blobs(self, dev_s: np.ndarray, dev: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(image index, full-image bool mask [H, W]) of every object candidate. Objects are
+        found on the smoothed contrast dev_s (noise neither cuts nor speckles them) and cut
+        out on the raw contrast dev (smoothing would round a square's corners off)."""
+        labels, _ = ndimage.label(dev_s > self.fg, structure=_STRUCT)
+        out = []
+        for lab, sl in enumerate(ndimage.find_objects(labels), start=1):
+            if sl is None:
+                continue
+            b = sl[0].start
+            comp = labels[b] == lab
+            vals = dev_s[b][comp]
+            peak = np.percentile(vals, 90)
+            if peak < self.min_peak:
+                continue
+            # Light-band level: the lower part of the interior (stripes' dark bands are darker).
+            level = np.percentile(vals[vals >= 0.5 * peak], 30)
+            mask = comp & (dev[b] >= 0.5 * level)
+            sub, n = ndimage.label(mask, structure=_STRUCT[1])
+            for k in range(1, n + 1):
+                part = sub == k
+                if part.sum() >= self.min_area:
+                    out.append((b, part))
+        return out
+
+    # ------------------------------------------------------------------ shape fit
+
+    def _fit(self, masks: list[np.ndarray]) -> list[tuple[int, float, float, tuple]]:
+        """Per mask: (best family index, its IoU, runner-up IoU, (cx, cy, r) in px)."""
+        if not masks:
+            return []
+        inits = [self._init(m) for m in masks]
+        best = None   # [O, S] IoU and params after each grid
+        for grid in _GRIDS:
+            centre = inits if best is None else [[p for p in best[1][o]] for o in range(len(masks))]
+            ious, params = self._grid_iou(masks, centre, grid)
+            best = (ious, params)
+        ious, params = best
+        out = []
+        for o in range(len(masks)):
+            order = np.argsort(-ious[o])
+            out.append((int(order[0]), float(ious[o, order[0]]), float(ious[o, order[1]]), params[o][order[0]]))
+        return out
+
+    def _init(self, mask: np.ndarray) -> list[tuple[float, float, float]]:
+        """Start (cx, cy, r) per family from the mask's box: every world shape's box is
+        [c - r, c + r]^2. An object cut by the image edge keeps its uncut side."""
+        ys, xs = np.nonzero(mask)
+        y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+        h, w = y1 - y0, x1 - x0
+        r = max(h, w) / 2
+        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+        n = self.size
+        if w < h - 1:
+            cx = x1 - r if x0 == 0 else x0 + r if x1 == n else cx
+        if h < w - 1:
+            cy = y1 - r if y0 == 0 else y0 + r if y1 == n else cy
+        return [(cx, cy, r)] * len(SHAPES)
+
+    def _grid_iou(self, masks, centres, grid) -> tuple[np.ndarray, list[list[tuple]]]:
+        """IoU [O, S] of the best grid point around each (object, family) start, and its params.
+
+        Each object is compared on a window of WINDOW px around its start; pixels of the
+        window outside the image count for neither mask, so a cut object is fitted against
+        what is visible."""
+        n, g, w = self.size, np.asarray(grid, dtype=np.float32), WINDOW
+        o_n = len(masks)
+        start = np.array(centres, dtype=np.float32)                    # [O, S, 3]
+        origin = np.round(start[:, 0, :2]).astype(int) - w // 2        # [O, 2] window (x, y) origin
+        padded = np.pad(np.stack(masks), ((0, 0), (w, w), (w, w)))      # [O, H + 2w, W + 2w]
+        valid = np.pad(np.ones((n, n), dtype=bool), w)
+        rows = origin[:, 1, None] + w + np.arange(w)                    # [O, w] padded indices
+        cols = origin[:, 0, None] + w + np.arange(w)
+        m = padded[np.arange(o_n)[:, None, None], rows[:, :, None], cols[:, None, :]]   # [O, w, w]
+        ok = valid[rows[:, :, None], cols[:, None, :]]
+        area = m.sum((1, 2))
+        px = (origin[:, 0, None] + np.arange(w) + 0.5).astype(np.float32)   # [O, w] pixel centres, px
+        py = (origin[:, 1, None] + np.arange(w) + 0.5).astype(np.float32)
+        ious = np.zeros((o_n, len(SHAPES)))
+        params: list[list[tuple]] = [[None] * len(SHAPES) for _ in masks]
+        for s in range(len(SHAPES)):
+            cx = start[:, s, None, 0] + g[None, :, 0]                  # [O, G]
+            cy = start[:, s, None, 1] + g[None, :, 1]
+            r = start[:, s, None, 2] * g[None, :, 2]
+            t = inside(s, px[:, None, None, :] - cx[..., None, None],
+                       py[:, None, :, None] - cy[..., None, None], r[..., None, None])    # [O, G, w, w]
+            t &= ok[:, None]
+            inter = (t & m[:, None]).sum((2, 3))
+            union = t.sum((2, 3)) + area[:, None] - inter
+            iou = inter / np.maximum(union, 1)
+            k = iou.argmax(1)
+            ious[:, s] = iou[np.arange(o_n), k]
+            for o in range(o_n):
+                params[o][s] = (float(cx[o, k[o]]), float(cy[o, k[o]]), float(r[o, k[o]]))
+        return ious, params
+
+    # ------------------------------------------------------------------ touching objects
+
+    def _split(self, mask, ink, dev) -> list[tuple[np.ndarray, tuple]] | None:
+        """Parts of a component no family fits, each fitting one, or None."""
+        for parts in (self._colour_parts(mask, ink), self._neck_parts(mask)):
+            parts = [p for p in parts if p.sum() >= self.min_area]
+            if len(parts) >= 2:
+                fits = self._fit(parts)
+                if all(f[1] >= self.fit_iou for f in fits):
+                    return list(zip(parts, fits))
+        return None
+
+    def _colour_parts(self, mask, ink) -> list[np.ndarray]:
+        colour = np.full(mask.shape, -1)
+        ys, xs = np.nonzero(mask)
+        colour[ys, xs] = self._pixel_colours(ink[:, ys, xs].T)[0]
+        parts = []
+        for c in set(colour[ys, xs].tolist()) - {-1}:
+            lab, k = ndimage.label(colour == c, structure=_STRUCT[1])
+            parts += [lab == i for i in range(1, k + 1)]
+        return parts
+
+    def _neck_parts(self, mask) -> list[np.ndarray]:
+        """Erode until the mask falls apart, then give every pixel to the nearest core."""
+        core = mask
+        for _ in range(3):
+            core = ndimage.binary_erosion(core)
+            lab, k = ndimage.label(core, structure=_STRUCT[1])
+            if k >= 2:
+                _, (iy, ix) = ndimage.distance_transform_edt(lab == 0, return_indices=True)
+                owner = lab[iy, ix]
+                return [mask & (owner == i) for i in range(1, k + 1)]
+            if k == 0:
+                break
+        return []
+
+    # ------------------------------------------------------------------ attributes
+
+    def _pixel_colours(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """v: [P, 3] ink (1 - rgb) -> (colour index per pixel or -1 off the palette, dark shade?)."""
+        cos = (v / (np.linalg.norm(v, axis=1, keepdims=True) + 1e-9)) @ _DIRS.T   # [P, 2C]
+        k = cos.argmax(1)
+        ok = cos[np.arange(len(k)), k] >= _COS_MATCH
+        nc = len(COLOR_NAMES)
+        return np.where(ok, k % nc, -1), ok & (k >= nc)
+
+    def _describe(self, mask, fit, ink, dev) -> Detection:
+        s, iou, runner_up, (cx, cy, r) = fit
+        shaped = iou >= self.fit_iou and iou - runner_up >= self.margin
+        ys, xs = np.nonzero(mask)
+        box = (float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1))
+        extent = 2 * r if shaped else max(box[2] - box[0], box[3] - box[1])
+        # Interior pixels only: edge pixels mix with white (same direction) and with neighbours.
+        vals = dev[ys, xs]
+        interior = vals >= 0.6 * np.percentile(vals, 90)
+        colour, dark = self._pixel_colours(ink[:, ys[interior], xs[interior]].T)
+        return Detection(
+            label=SHAPES[s] if shaped else OTHER, score=1.0, box=box,
+            attributes={"color": self._colour_name(colour, dark),
+                        "texture": self._texture(ys[interior], dark),
+                        "size": "large" if extent / self.cell >= self.size_boundary else "small"})
+
+    def _colour_name(self, colour: np.ndarray, dark: np.ndarray) -> str:
+        n = len(colour)
+        if n == 0:
+            return OTHER
+        votes = np.bincount(colour[colour >= 0], minlength=len(COLOR_NAMES))
+        c = int(votes.argmax())
+        light = int(((colour == c) & ~dark).sum())
+        if votes[c] >= self.color_share * n and light >= 0.25 * n:
+            return COLOR_NAMES[c]
+        # A grey or black object matches only dark shades; a two-colour object splits votes.
+        return "mixed" if light >= 0.25 * n else OTHER
+
+    @staticmethod
+    def _texture(rows: np.ndarray, dark: np.ndarray) -> str:
+        if rows.size == 0:
+            return "solid"
+        r = rows - rows.min()
+        count = np.bincount(r)
+        dark_rows = np.bincount(r, weights=dark.astype(np.float64)) / np.maximum(count, 1)
+        kept = dark_rows[count >= 2] > 0.5
+        runs = np.count_nonzero(np.diff(kept.astype(np.int8))) + 1 if kept.size else 0
+        dark_runs = (runs + int(kept[0])) // 2 if kept.size else 0
+        return "striped" if dark_runs >= 2 and runs - dark_runs >= 2 else "solid"
+
+
+class JudgedEvaluator:
+    """The study's evaluation: GenEval / T2I-CompBench rules over the judge's detections, and
+    the same rules over the training reward's detector on the same images (keys prefixed
+    proxy_), so the report can show where the reward and the judge part ways.
+
+    score(images [B, 3, H, W], metadata) -> the judge's per-image tensors (geneval, t2i,
+    partial, correct, ...), proxy_geneval / proxy_t2i / proxy_correct, and the judge's
+    detections and reasons."""
+
+    def __init__(self, image_size: int = 32):
+        from margrpo.world.evaluator import WorldEvaluator
+
+        self.judge = WorldEvaluator(image_size, detector=WorldJudge(image_size))
+        self.proxy = WorldEvaluator(image_size)
+
+    def score(self, images: torch.Tensor, metadata: list[dict]) -> dict:
+        out = self.judge.score(images, metadata)
+        proxy = self.proxy.score(images, metadata)
+        out.update({f"proxy_{k}": proxy[k] for k in ("geneval", "t2i", "correct")})
+        return out
+
+    def batch_metrics(self, images: torch.Tensor, metadata: list[dict]) -> dict[str, torch.Tensor]:
+        """Per-image judge/correct and judge/proxy_correct [B] (GenEval's rules on every
+        prompt, by the judge and by the reward's detector): the trainer's monitor."""
+        s = self.score(images, metadata)
+        return {"judge/correct": s["correct"], "judge/proxy_correct": s["proxy_correct"]}
