@@ -118,7 +118,7 @@ class TrainConfig(Strict):
                             "and the last step; the best-scoring weights are kept); 0 = only at 0 and the end")
     eval_images_per_prompt: int = Field(4, ge=1, description="images per held-out prompt in the in-training evaluation")
     checkpoint_every: int = Field(5, ge=1)
-    grad_probe_every: int = Field(10, ge=0, description="0 = off")
+    grad_probe_every: int = Field(20, ge=0, description="steps between gradient signal-to-noise probes (at step 0, N, 2N, ...); 0 = off")
     max_nonfinite_in_row: int = Field(3, ge=1)
 
     @property
