@@ -65,9 +65,15 @@ def sample_and_score(params, model_path, metas: list[dict], replicate: int, desc
 
 
 def prompt_rows(metas: list[dict]) -> list[dict]:
-    """The per-prompt file's prompt list: text, tag, category and test subset."""
+    """The per-prompt file's prompt list: text, tag, category, test subset and the size of
+    the prompt space it was drawn from (the report does not resample a space listed whole)."""
+    from margrpo.world.prompts import combinations
+
+    def pool(m: dict) -> int:
+        return len(combinations(m.get("tag") or m["category"], "novel" if m.get("subset") == "novel" else "test"))
+
     return [{"prompt": m["prompt"], "tag": m.get("tag"), "category": m.get("category"),
-             "subset": m.get("subset", "test")} for m in metas]
+             "subset": m.get("subset", "test"), "pool": pool(m)} for m in metas]
 
 
 def scores_csv(mean: dict[str, float]) -> str:

@@ -6,7 +6,7 @@ Times the rollout with the vectorised counter-based draws (models/noise.py) and,
 side, with the old per-image torch.Generator draws (margrpo.benchtools.legacy_rollout),
 alternating repeats so that machine load hits both alike. Prints each repeat, the medians,
 and peak GPU memory on CUDA. Targets: 64 images <= 5 s on 2 CPU cores; 512 images <= 0.3 s
-on one H200 (issue 15).
+on one H200.
 """
 from __future__ import annotations
 

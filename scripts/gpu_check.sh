@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One prepared check on a machine with one CUDA GPU (issue 15), within 8 minutes:
+# One prepared check on a machine with one CUDA GPU, within 8 minutes:
 #   1. the CUDA tests (pytest -m cuda: CPU == CUDA noise bits, rollout / pretraining / evaluation
 #      sampling on the GPU, bfloat16 forward passes);
-#   2. the throughput benchmark at the issue's sizes: rollout of 512 images (16 AR steps, 20 head
+#   2. the throughput benchmark at the target sizes: rollout of 512 images (16 AR steps, 20 head
 #      steps, CFG), then full training steps of 512 images (the GPU profile) for grpo_frozen and
 #      mar_grpo, with peak GPU memory;
 #   3. a short GPU-profile training of grpo_frozen and mar_grpo with held-out evaluation

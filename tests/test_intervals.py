@@ -170,3 +170,24 @@ def test_read_per_prompt_restricts_seeds(tmp_path):
     got = read_per_prompt(tmp_path, "grpo", [1, 2])
     assert set(got["final"]) == {"1", "2"} and got["best"] == {}
     assert set(read_per_prompt(tmp_path, "grpo")["final"]) == {"0", "1", "2"}
+
+
+def test_a_whole_prompt_space_is_not_resampled():
+    """A group that lists every prompt of its space is the population: with one seed its
+    interval has no width; the same prompts as a sample of a larger space do get one."""
+    values = {"0": [0.0, 1.0, 0.0, 1.0]}
+    groups, units = ["a"] * 4, ["p", "q", "r", "s"]
+    whole = bootstrap(values, groups, units=units, complete=[True] * 4)
+    sample = bootstrap(values, groups, units=units, complete=[False] * 4)
+    assert whole.low == whole.high == whole.point == 0.5
+    assert sample.high - sample.low > 0.4
+
+
+def test_score_interval_reads_the_pool_sizes():
+    prompts = [{"prompt": t, "tag": "single_object", "category": None, "subset": "reused", "pool": 2}
+               for t in ("a circle", "a square")]
+    data = {"prompts": prompts, "final": {"0": {"geneval": [0.0, 1.0]}, "1": {"geneval": [0.5, 0.5]}}}
+    iv = score_interval(data, "eval/geneval/overall")
+    assert iv.low == 0.5 and iv.high == 0.5   # the seeds agree on the mean; the space is listed whole
+    del prompts[0]["pool"]                    # without a pool size the prompts are a sample
+    assert score_interval(data, "eval/geneval/overall").high > 0.5

@@ -186,3 +186,12 @@ def test_acceptance_table_reports_the_methods_it_can(tmp_path):
     final = lines[("mar_grpo", "final")]
     assert "+0.100 [+0.100, +0.100]" in final and final.rstrip().endswith("| yes |")
     assert "not reported (no record for seeds 0, 1, 2): grpo" in out.stdout
+
+
+def test_summary_compares_the_reward_detector_gain_with_the_judge_gain():
+    base, grpo = _pp(0.4), _pp(0.5)
+    for s in grpo["final"].values():   # the reward's detector sees twice the judge's gain
+        s["proxy_geneval"] = [v + 0.1 for v in s["proxy_geneval"]]
+    line = summary_text.reward_vs_judge({"base": base, "grpo": grpo}, ["grpo"])
+    assert "grpo +0.200 by the reward's detector, +0.100 by the judge" in line
+    assert summary_text.reward_vs_judge({"grpo": grpo}, ["grpo"]) is None

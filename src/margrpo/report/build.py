@@ -76,10 +76,10 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
     claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing, per_prompt)
 
-    sections = [Section("Summary", anchor="summary", paragraphs=[summary_text.held_out(eval_values, methods,
-                                                                                          per_prompt=per_prompt),
-                                    summary_text.training(stats, base_reward),
-                                    summary_text.claims_line(claims)])]
+    opening = [summary_text.held_out(eval_values, methods, per_prompt=per_prompt),
+               summary_text.reward_vs_judge(per_prompt, methods), summary_text.training(stats, base_reward),
+               summary_text.claims_line(claims)]
+    sections = [Section("Summary", anchor="summary", paragraphs=[p for p in opening if p])]
 
     spread = f"mean ± std over {len(seeds)} replicate(s)"
     if per_prompt:

@@ -20,8 +20,10 @@ resamples both:
 - the interval is the percentile interval of `DRAWS` draws from a numpy Generator seeded
   with `BOOT_SEED`: the same inputs give the same interval.
 
-With one seed only the prompts are resampled. A prompt with a missing value (None / NaN)
-in a seed used is left out; a group with no prompts is left out of the mean over groups.
+With one seed only the prompts are resampled. A group that lists its whole prompt space
+(single_object's four prompts, say) is the population rather than a sample of it, so only
+the seeds are resampled there. A prompt with a missing value (None / NaN) in a seed used is
+left out; a group with no prompts is left out of the mean over groups.
 """
 from __future__ import annotations
 
@@ -70,13 +72,18 @@ def _array(rows: Mapping[str, Sequence[float | None]], seeds: list[str]) -> np.n
 
 def bootstrap(values: Mapping[str, Sequence[float | None]], groups: Sequence[str | None],
               minus: Mapping[str, Sequence[float | None]] | None = None, units: Sequence[str] | None = None,
-              draws: int = DRAWS, level: float = LEVEL, seed: int = BOOT_SEED) -> Interval | None:
+              draws: int = DRAWS, level: float = LEVEL, seed: int = BOOT_SEED,
+              complete: Sequence[bool] | None = None) -> Interval | None:
     """Crossed bootstrap of mean over groups of the group's row mean, averaged over seeds.
 
     values: seed -> one value per row; groups: the row's stratum (None: not in the
     statistic); minus: a second target's values (paired A − B on the common seeds);
     units: the row's resampling unit within its group (default: every row its own unit,
-    e.g. pass the prompt texts). None when no seed or no row is left."""
+    e.g. pass the prompt texts); complete: per row, whether its group lists every prompt of
+    its prompt space. A group whose rows are all complete is the whole population, not a
+    sample of it: its prompts are not resampled (the finite-population limit; resampling
+    them would add variance that does not exist), only the seeds. None when no seed or no
+    row is left."""
     seeds = sorted(set(values) & set(minus) if minus is not None else set(values), key=_seed_order)
     if not seeds:
         return None
@@ -99,11 +106,17 @@ def bootstrap(values: Mapping[str, Sequence[float | None]], groups: Sequence[str
     seed_counts = np.zeros((draws, n_seeds))
     np.add.at(seed_counts, (rows_b, rng.integers(0, n_seeds, (draws, n_seeds))), 1.0)
     weights, point_w = np.zeros((draws, n_rows)), np.zeros(n_rows)
-    for unit_rows in strata.values():
+    fixed = {g for g, unit_rows in strata.items()
+             if complete is not None and all(complete[i] for rows in unit_rows.values() for i in rows)}
+    for g, unit_rows in strata.items():
         sizes = np.array([len(r) for r in unit_rows.values()], dtype=float)
         k = len(sizes)
         counts = np.zeros((draws, k))
-        np.add.at(counts, (rows_b, rng.integers(0, k, (draws, k))), 1.0)
+        draw = rng.integers(0, k, (draws, k))   # drawn for every group: the stream does not depend on `fixed`
+        if g in fixed:
+            counts[:] = 1.0
+        else:
+            np.add.at(counts, (rows_b, draw), 1.0)
         total = counts @ sizes  # rows of this group in each draw
         for j, rows in enumerate(unit_rows.values()):
             weights[:, rows] += (counts[:, j] / total)[:, None] / len(strata)
@@ -195,12 +208,23 @@ def score_interval(data: dict, metric: str, which: str = "final", minus: dict | 
     kind, only = spec
     groups = _groups(data, kind, subsets, only)
     units = [p["prompt"] for p in data["prompts"]]
+    complete = _complete(data["prompts"])
     other = None
     if minus is not None:
         if [p["prompt"] for p in minus["prompts"]] != units:
             raise ValueError("per_prompt.json of the two targets list different prompts")
         other = _scores(minus, minus_which, kind)
-    return bootstrap(_scores(data, which, kind), groups, other, units, draws=draws, seed=seed)
+    return bootstrap(_scores(data, which, kind), groups, other, units, draws=draws, seed=seed, complete=complete)
+
+
+def _complete(prompts: list[dict]) -> list[bool]:
+    """Per prompt row: whether the file lists every prompt of its purpose and subset (the
+    row's "pool", the size of that prompt space, written by the evaluate stage)."""
+    listed: dict[tuple, set] = {}
+    for p in prompts:
+        listed.setdefault((p.get("tag") or p.get("category"), p.get("subset", "test")), set()).add(p["prompt"])
+    return [p.get("pool") is not None and len(listed[(p.get("tag") or p.get("category"), p.get("subset", "test"))])
+            >= p["pool"] for p in prompts]
 
 
 def has_subset(data: dict, subsets: Sequence[str]) -> bool:

@@ -100,6 +100,31 @@ def held_out(evals: dict[str, dict[str, list[float]]], methods: list[str], base:
     return text
 
 
+def reward_vs_judge(per_prompt: dict[str, dict], methods: list[str], base: str = "base") -> str | None:
+    """One line: each method's test gain over the base as the training reward's detector
+    reads the images (proxy) and as the evaluation judge does, on the same images and
+    prompts. The part of the proxy's gain the judge does not confirm is what the reward
+    sees that is not there (or that it misreads)."""
+    base_pp = per_prompt.get(base)
+    if not base_pp:
+        return None
+    cells = []
+    for m in methods:
+        pp = per_prompt.get(m)
+        if not pp:
+            continue
+        judge = score_interval(pp, HEADLINE[0], minus=base_pp)
+        proxy = score_interval(pp, "eval/proxy/geneval/overall", minus=base_pp)
+        if judge is None or proxy is None:
+            continue
+        cells.append(f"{m} {proxy.point:+.3f} by the reward's detector, {judge.point:+.3f} by the judge")
+    if not cells:
+        return None
+    return ("Test gain over the base (GenEval overall, the same images), as the training reward's own detector "
+            "reads it and as the evaluation judge does: " + "; ".join(cells) + ". Where the detector's gain exceeds "
+            "the judge's, part of what the reward rewarded is not in the images (see Reward vs judge).")
+
+
 def training(stats: dict[str, dict], baseline_reward: float | None) -> str:
     """How the training reward moved: final minus early window, per method."""
     parts, rose, seeds = [], [], 0
