@@ -62,13 +62,11 @@ def merged_params(profile_path: Path, params_path: Path = Path("params.yaml")):
 def apply(profile: dict, params_path: Path) -> None:
     from dvc.utils.serialize import modify_yaml
 
+    from margrpo import paramfile
+
     with modify_yaml(params_path) as data:
         for key, value in flatten(profile).items():
-            *parents, leaf = key.split(".")
-            node = data
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
+            paramfile.set_key(data, key, value, str(params_path))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,20 +4,24 @@
 just before running it, so a bad value must be refused before any other stage starts:
 every stage depends on this stage's stamp (reports/validated.txt), the stage is
 `always_changed`, and it imports neither Prefect nor torch. It checks
-- params.yaml with margrpo.config.load_params (types, ranges, unknown keys,
-  cross-field rules, reward names and keys, a complete model.checkpoint);
+- params.yaml with margrpo.config (types, ranges, unknown keys, cross-field rules, reward
+  names and keys, a complete model.checkpoint), then the rules that the stages' code
+  would otherwise enforce only once it runs (`params_rules`: prompts per step over the
+  ranks, and what the world and the TinyMAR need of the image size and the model);
 - that dvc.yaml has a train@ and an evaluate@ stage for exactly the methods in params.yaml;
 - that the training checkpoints the retraining methods would resume from are complete (a
   truncated ckpt.pt otherwise fails every rerun until deleted by hand).
 On success it prints what this run will retrain and about how long that takes (from the
 committed study's measured step times) and rewrites the stamp with the same bytes, so no
 stage downstream reruns because of it. On failure it prints the problems in a few lines and
-exits 2; under a workspace `dvc exp run -S ...` it first puts the overridden keys of
-params.yaml back (DVC leaves them in the workspace otherwise; see pipeline/restore.py).
+exits 2; under a workspace `dvc exp run -S ...` it first puts params.yaml back byte for
+byte as it was before the command (DVC leaves its rewrite in the workspace otherwise; see
+pipeline/restore.py).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from margrpo import paramfile
 from margrpo.jsonl import read_jsonl
 from pipeline import common, proc
 
@@ -86,12 +91,6 @@ def _lock_params(lock: dict, stage: str) -> dict | None:
     return None if entry is None else entry.get("params", {}).get("params.yaml", {})
 
 
-def _dotted(tree: dict, key: str):
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
 def to_retrain(params, raw: dict) -> list[str]:
     """Methods whose training reruns: trained model missing from the workspace (a fresh
     clone: models are DVC-cached and the repo has no DVC remote) or params changed since
@@ -101,7 +100,7 @@ def to_retrain(params, raw: dict) -> list[str]:
     for method in params.methods:
         missing = any(not (common.trained_model_dir(method, s) / "final").exists() for s in params.train.seeds)
         locked = _lock_params(lock, f"train@{method}")
-        changed = locked is None or any(_dotted(raw, k) != v for k, v in locked.items())
+        changed = locked is None or any(paramfile.get(raw, k) != v for k, v in locked.items())
         if missing or changed:
             out.append(method)
     return out
@@ -168,25 +167,124 @@ def plan(params, raw: dict, text: str) -> str:
             f"For a short run that leaves this workspace alone: python -m pipeline.quick")
 
 
-def problems_of(path: Path) -> tuple[list[str], object, dict]:
-    """(problems, Params or None, the raw params tree)."""
-    from margrpo.config import ParamsError, load_params
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
+
+def longest_prompt_words() -> int:
+    """Words in the world's longest prompt: two noun phrases of an article or number, every
+    attribute and a shape, joined by the longest relation (12: "a small striped red circle
+    left of a large striped blue square"); the TinyMAR's tokenizer refuses longer ones."""
+    from margrpo.world import grammar
+
+    phrase = 2 + len(grammar.ATTRIBUTES)
+    return 2 * phrase + max(len(r.split()) for r in grammar.RELATIONS)
+
+
+def params_rules(params) -> list[tuple[str, str, str]]:
+    """(dotted key, problem, fix) for each rule of params alone that a stage's code would
+    otherwise enforce only once DVC has started the stage (and deleted its cached outputs):
+    whole groups of prompts per rank (margrpo.rl.launch.check_shardable, run by the trainer
+    on each method's prompts per step), the even image size of the world's renderer, reward
+    and judge (world/render.py check_size), and the TinyMAR's heads and prompt length
+    (models/encoder.py, models/tokenizer.py)."""
+    out = []
+    nproc, per_step = params.runtime.nproc, params.train.prompts_per_step
+    batches = {m: params.train_for(m).prompts_per_step for m in params.methods}
+    by_size: dict[int, list[str]] = {}
+    for method, n in batches.items():
+        if n % nproc:
+            by_size.setdefault(n, []).append(method)
+    if by_size:
+        what = "; ".join(f"{n} for {', '.join(ms)}" for n, ms in by_size.items())
+        out.append(("runtime.nproc", f"{nproc} ranks cannot split the prompts of a training step ({what}; "
+                    f"train.prompts_per_step={per_step} x the method's batch_factor): each rank takes whole "
+                    "groups, so that group advantages stay exact",
+                    f"set runtime.nproc to one of {', '.join(map(str, _divisors(math.gcd(*batches.values()))))}, "
+                    f"or train.prompts_per_step to a multiple of {nproc}"))
+    size = params.world.image_size
+    if size % 2:
+        out.append(("world.image_size", f"{size} is odd; the world's images are a 2x2 grid of cells",
+                    "use an even size with a model.patch_size that divides it"))
+    m = params.model
+    if m.kind == "tiny" and m.width % m.heads:
+        out.append(("model.heads", f"{m.heads} heads do not divide model.width={m.width}",
+                    f"use one of {', '.join(str(d) for d in _divisors(m.width) if d <= 64)}, or another width"))
+    words = longest_prompt_words()
+    if m.kind == "tiny" and m.max_prompt_len < words:
+        out.append(("model.max_prompt_len", f"{m.max_prompt_len} words is shorter than the world's longest "
+                    f"prompts ({words} words)", f"set it to at least {words}"))
+    return out
+
+
+def rules_message(rules: list[tuple[str, str, str]], source: str, lines: dict, shown: dict) -> str:
+    """params_rules' problems in margrpo.config's form: the file, the line, the key, the fix."""
+    entries = []
+    for key, message, fix in rules:
+        path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+        entries.append((lines.get(path, 10**9),
+                        f"{paramfile.where(source, lines, path, shown)}{key}: {message}\n    fix: {fix}"))
+    return paramfile.problems_text(source, entries)
+
+
+def problems_of(path: Path, text: str | None = None, lines: dict | None = None,
+                set_keys: list[str] = ()) -> tuple[list[str], object, dict]:
+    """(problems, Params or None, the raw params tree) of the file at `path`, or of `text`
+    named `path`. lines / set_keys: where the messages place the keys (default: the
+    lines of the text), and the keys they show as `-S` overrides instead."""
+    from margrpo.config import ParamsError, parse_params
+
+    source = str(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        return [f"{path} is not valid YAML: {err}"], None, {}
+        raw, own_lines = paramfile.read_yaml(path) if text is None else paramfile.parse_yaml(text, path)
+    except ParamsError as err:
+        return [str(err)], None, {}
+    lines = own_lines if lines is None else lines
+    shown = {}  # set again to the values they have: the messages then name the override
+    for key in set_keys:
+        found, value = paramfile.lookup(raw, key)
+        if found:
+            shown[key] = value
     # An empty model.checkpoint folder asks for a new base there: pretrain_base will fill it.
-    ckpt = Path(str((raw.get("model") or {}).get("checkpoint", "")) or ".")
+    ckpt = Path(str(paramfile.get(raw, "model.checkpoint", "")) or ".")
     new_base = ckpt.is_dir() and not any(ckpt.iterdir())
     try:
-        params = load_params(path, require_checkpoint=not new_base)
+        params = parse_params(raw, source, shown, require_checkpoint=not new_base, lines=lines)
     except ParamsError as err:
         hint = [NEW_BASE_HINT.format(path=ckpt)] if "model.checkpoint" in str(err) and not ckpt.exists() else []
-        return [str(err), *hint], None, raw
+        return [str(err), *hint], None, raw if isinstance(raw, dict) else {}
+    rules = params_rules(params)
+    if rules:
+        return [rules_message(rules, source, lines, shown)], params, raw
     problems = check_dvc_yaml(params)
     problems += check_resume_checkpoints(params, to_retrain(params, raw)) if not problems else []
     return problems, params, raw
+
+
+def relocated(path: Path, text: str, set_keys: list[str]) -> list[str]:
+    """The problems of `text`, DVC's -S rewrite of the params file at `path`, once the file
+    is put back: each key at its line in the file as it now is, the keys that the -S values
+    set shown as overrides."""
+    try:
+        _, lines = paramfile.read_yaml(path)
+    except ValueError:  # the file as it was does not parse: no lines to give
+        lines = {}
+    return problems_of(path, text, lines, set_keys)[0]
+
+
+def refuse(path: Path, text: str, problems: list[str]) -> None:
+    """Print the problems and exit 2; under a workspace `dvc exp run -S`, first put the
+    params file back as it was before the command."""
+    from pipeline.restore import restore_after_rejected_exp_run
+
+    restored, set_keys = restore_after_rejected_exp_run()
+    if restored and path.read_text() != text:
+        problems = relocated(path, text, set_keys) or problems
+    sys.stderr.write("validate: nothing ran, no output was touched:\n" + "\n".join(
+        "  " + line for p in problems for line in p.splitlines()) + "\n")
+    for line in restored:
+        sys.stderr.write(f"validate: {line}\n")
+    sys.exit(2)
 
 
 def main() -> None:
@@ -199,14 +297,7 @@ def main() -> None:
     text = path.read_text()
     problems, params, raw = problems_of(path)
     if problems:
-        from pipeline.restore import restore_after_failed_exp_run
-
-        restored = restore_after_failed_exp_run(path)
-        sys.stderr.write("validate: nothing ran, no output was touched:\n" + "\n".join(
-            "  " + line for p in problems for line in p.splitlines()) + "\n")
-        if restored:
-            sys.stderr.write(f"validate: {restored}\n")
-        sys.exit(2)
+        refuse(path, text, problems)
     print(plan(params, raw, text) + f" [{time.time() - t0:.1f} s]", flush=True)
     if not STAMP.exists() or STAMP.read_text() != STAMP_TEXT:
         common.write_text(STAMP_TEXT, STAMP)

@@ -45,9 +45,36 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+def set_in_text(text: str, overrides: dict, prefix: str = "") -> str:
+    """YAML text with the values of `overrides` (nested dicts down to one-line values) put
+    in place on their lines, every comment, blank line and flow list of the file kept: the
+    scratch params.yaml has the layout that DVC's -S rewrite damages."""
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            text = set_in_text(text, value, f"{prefix}{key}.")
+            continue
+        section, _, leaf = f"{prefix}{key}".rpartition(".")
+        start = 0
+        if section:  # the section's block: from its line to the next top-level line
+            head = re.search(rf"^{re.escape(section)}:[ \t]*(#.*)?\n", text, re.M)
+            assert head, f"params.yaml has no section {section}:"
+            start = head.end()
+            nxt = re.search(r"^[^\s#]", text[start:], re.M)
+            end = start + nxt.start() if nxt else len(text)
+        else:
+            end = len(text)
+        indent = "  " if section else ""
+        line = re.compile(rf"^({indent}{re.escape(leaf)}:[ \t]*)([^#\n]*?)([ \t]*#.*)?$", re.M)
+        found = line.search(text, start, end)
+        assert found, f"params.yaml has no one-line key {prefix}{key}"
+        text = text[: found.start(2)] + json.dumps(value) + text[found.end(2):]
+    return text
+
+
 def scratch_repo(dst: Path, overrides: dict) -> Path:
     """Copy the working tree's tracked and untracked-not-ignored files (no venv, no outputs)
-    to dst, apply the overrides to params.yaml and commit it, as DVC experiments need."""
+    to dst, apply the overrides to params.yaml (its layout and comments kept) and commit it,
+    as DVC experiments need."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
     for rel in filter(None, files):
@@ -55,11 +82,22 @@ def scratch_repo(dst: Path, overrides: dict) -> Path:
         if src.is_file():
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / rel)
-    params = yaml.safe_load((dst / "params.yaml").read_text())
-    (dst / "params.yaml").write_text(yaml.safe_dump(merge(params, overrides), sort_keys=False))
+    text = (dst / "params.yaml").read_text()
+    edited = set_in_text(text, overrides)
+    assert yaml.safe_load(edited) == merge(yaml.safe_load(text), overrides)
+    (dst / "params.yaml").write_text(edited)
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     commit(dst, "scratch copy")
     return dst
+
+
+def user_edit(text: str) -> str:
+    """params.yaml text with uncommitted edits of a user's: a value (k), a comment that
+    DVC's -S rewrite drops (the one below the rewards list) and a first line."""
+    edited = re.sub(r"^k: \S+", "k: 0.4", text, count=1, flags=re.M)
+    edited = re.sub(r"^train:", "# my note below the rewards list\ntrain:", edited, count=1, flags=re.M)
+    assert edited.count("\n") == text.count("\n") + 1 and "\nk: 0.4" in edited
+    return "# my own first line\n" + edited
 
 
 def commit(root: Path, message: str) -> None:

@@ -193,6 +193,29 @@ def test_overrides_reach_list_entries_and_new_keys():
     assert p.methods["mar_grpo"].lr == 2e-4 and p.train.lr == 3e-4
 
 
+def test_one_walker_gets_sets_and_deletes_dotted_keys_with_list_indices():
+    """paramfile's walker, used by the overrides, the guard and its restore (plain and
+    round-trip YAML trees alike)."""
+    from ruamel.yaml import YAML
+
+    from margrpo import paramfile
+
+    text = "k: 0.3\nrewards:\n  - {name: world, weight: 1.0}\ntrain:\n  seeds: [0, 1, 2]\n  adam_betas: [0.9, 0.999]\n"
+    for tree in (yaml.safe_load(text), YAML().load(text)):
+        assert paramfile.get(tree, "rewards.0.weight") == 1.0 and paramfile.get(tree, "train.adam_betas.1") == 0.999
+        assert paramfile.lookup(tree, "rewards.1.weight") == (False, None)
+        assert paramfile.get(tree, "k.x", "absent") == "absent" and paramfile.get(tree, "train.seeds.x") is None
+        paramfile.set_key(tree, "rewards.0.weight", 2.0)
+        paramfile.set_key(tree, "world.new.deep", 1)
+        assert tree["rewards"][0]["weight"] == 2.0 and tree["world"]["new"] == {"deep": 1}
+        assert paramfile.delete_key(tree, "train.seeds.0") and list(tree["train"]["seeds"]) == [1, 2]
+        assert paramfile.delete_key(tree, "world.new") and not paramfile.delete_key(tree, "world.new")
+        with pytest.raises(ParamsError, match=r"rewards.3.mode: rewards is a list of 1 entries; '3' is not an index"):
+            paramfile.set_key(tree, "rewards.3.mode", "x")
+        with pytest.raises(ParamsError, match=r"k.x: k in params.yaml is the value 0.3, not a section"):
+            paramfile.set_key(tree, "k.x", 1)
+
+
 def _checkpoint_copy(tmp_path: Path) -> Path:
     dst = tmp_path / "base"
     dst.mkdir()

@@ -9,7 +9,9 @@ what is wrong and the fix:
 
 Overrides (`-S key=value`, tests' dotted dicts) are applied here once for every caller;
 list entries are addressed by index (`rewards.0.mode=geneval`), and a key the file lacks
-is added (DVC's `+key=value`) so that the schema reports it if it is unknown.
+is added (DVC's `+key=value`) so that the schema reports it if it is unknown. `lookup`,
+`get`, `set_key` and `delete_key` are the one walker of dotted keys in a parsed params
+tree (plain or round-trip YAML): the overrides, the guard and its restore use them.
 """
 from __future__ import annotations
 
@@ -42,6 +44,12 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, int]]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ParamsError(f"{path}:{line}: not UTF-8 text. Save the file as UTF-8, or {RESTORE.format(path=path)}.") from None
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, path: str | Path) -> tuple[Any, dict[tuple, int]]:
+    """read_yaml of a file's text (`path` names it in the messages)."""
+    path = Path(path)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -90,29 +98,78 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def _child(node: Any, part: str) -> tuple[bool, Any]:
+    """(found, value) of one step of a dotted key: a mapping's key or a list's index."""
+    if isinstance(node, Mapping):
+        return part in node, node.get(part)
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return True, node[int(part)]
+    return False, None
+
+
+def lookup(tree: Any, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted key (`train.lr`, `rewards.0.weight`) in a parsed tree."""
+    node = tree
+    for part in dotted.split("."):
+        found, node = _child(node, part)
+        if not found:
+            return False, None
+    return True, node
+
+
+def get(tree: Any, dotted: str, default: Any = None) -> Any:
+    found, value = lookup(tree, dotted)
+    return value if found else default
+
+
+def set_key(tree: Any, dotted: str, value: Any, source: str = "params.yaml") -> None:
+    """Set a dotted key in place; missing sections are created as mappings. ParamsError
+    (naming the key) when a step is a list index out of range or a value, not a section."""
+    node, parts = tree, dotted.split(".")
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[:depth]) or "the top level"
+        step: Any = part
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ParamsError(f"{dotted}: {here} is a list of {len(node)} entries; "
+                                  f"{part!r} is not an index of it (0 to {len(node) - 1})")
+            step = int(part)
+        elif not isinstance(node, dict):
+            raise ParamsError(f"{dotted}: {here} in {source} is the value {node!r}, not a section")
+        if depth == len(parts) - 1:
+            node[step] = value
+            return
+        if isinstance(node, dict) and step not in node:
+            node[step] = {}
+        node = node[step]
+
+
+def delete_key(tree: Any, dotted: str) -> bool:
+    """Remove a dotted key (a list entry by index); whether it was there."""
+    *parents, leaf = dotted.split(".")
+    found, node = lookup(tree, ".".join(parents)) if parents else (True, tree)
+    if not found or not _child(node, leaf)[0]:
+        return False
+    del node[int(leaf) if isinstance(node, list) else leaf]
+    return True
+
+
 def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any], source: str) -> dict[str, Any]:
     """A copy of raw with each dotted key set; list entries by index (rewards.0.mode)."""
     out = copy.deepcopy(dict(raw))
     for dotted, value in overrides.items():
-        node: Any = out
-        parts = dotted.split(".")
-        for depth, part in enumerate(parts):
-            here = ".".join(parts[:depth]) or "the top level"
-            last = depth == len(parts) - 1
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise ParamsError(f"override {dotted}: {here} is a list of {len(node)} entries; "
-                                      f"{part!r} is not an index of it (0 to {len(node) - 1})")
-                part = int(part)
-            elif not isinstance(node, dict):
-                raise ParamsError(f"override {dotted}: {here} in {source} is the value {node!r}, not a section")
-            if last:
-                node[part] = value
-            else:
-                if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
-                    node.setdefault(part, {})
-                node = node[part]
+        try:
+            set_key(out, dotted, value, source)
+        except ParamsError as err:
+            raise ParamsError(f"override {err}") from None
     return out
+
+
+def problems_text(source: str, entries: list[tuple[int, str]]) -> str:
+    """The message of a file with problems: (line for the order, "where key: problem\n    fix: ...")."""
+    entries = sorted(entries, key=lambda t: t[0])
+    n = len(entries)
+    return f"{source} does not validate ({n} problem{'s' * (n != 1)}):\n" + "\n".join(f"  {t}" for _, t in entries)
 
 
 def where(source: str, lines: Mapping[tuple, int], path: tuple, overrides: Mapping[str, Any]) -> str:
@@ -138,9 +195,7 @@ def format_errors(err: ValidationError, source: str, lines: Mapping[tuple, int],
         dotted = ".".join(map(str, path)) or "<top level>"
         entries.append((lines.get(path, 10**9), where(source, lines, path, overrides) + dotted + ": "
                         + _problem_text(e, path, schema)))
-    entries.sort(key=lambda t: t[0])
-    n = len(entries)
-    return f"{source} does not validate ({n} problem{'s' * (n != 1)}):\n" + "\n".join(f"  {t}" for _, t in entries)
+    return problems_text(source, entries)
 
 
 def _problem_text(e: dict, path: tuple, schema: type[BaseModel]) -> str:
