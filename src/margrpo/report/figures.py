@@ -55,19 +55,35 @@ def judge_figure(curves: dict[str, dict[int, list[dict]]], path: Path,
                if all(any(r.get(k) is not None for h in seeds.values() for r in h) for k in keys)]
     if not methods:
         return None
-    rows = math.ceil(len(methods) / COLUMNS)
-    cols = min(COLUMNS, len(methods))
-    fig, axes = plt.subplots(rows, cols, figsize=(PANEL_W * cols, PANEL_H * rows), squeeze=False)
+    fig, axes = _panels(plt, len(methods))
     for ax, method in zip(axes.flat, methods):
         for key in keys:
-            steps, m, sd = _band(curves[method], key)
-            ax.plot(steps, m, label=key)
-            ax.fill_between(steps, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], alpha=0.2)
-        ax.set_title(method)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(methods):]:
+            _band_line(ax, *_band(curves[method], key), key)
+        _finish_panel(ax, method)
+    return _save_panels(fig, axes, len(methods), path)
+
+
+def _panels(plt, n: int):
+    """A figure of n panels, COLUMNS per row; axes as a 2-D array."""
+    rows, cols = math.ceil(n / COLUMNS), min(COLUMNS, n)
+    return plt.subplots(rows, cols, figsize=(PANEL_W * cols, PANEL_H * rows), squeeze=False)
+
+
+def _band_line(ax, steps, mean, sd, label: str) -> None:
+    """A mean line with a band of +- 1 std."""
+    ax.plot(steps, mean, label=label)
+    ax.fill_between(steps, [a - b for a, b in zip(mean, sd)], [a + b for a, b in zip(mean, sd)], alpha=0.2)
+
+
+def _finish_panel(ax, title: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save_panels(fig, axes, n: int, path: Path) -> Path:
+    for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     return _save(fig, path)
 
@@ -81,26 +97,17 @@ def plot_curves(curves: dict[str, dict[int, list[dict]]], keys: list[str], path:
     keys = [k for k in keys if any(k in r for seeds in curves.values() for h in seeds.values() for r in h)]
     if not keys:
         return None
-    rows = math.ceil(len(keys) / COLUMNS)
-    cols = min(COLUMNS, len(keys))
-    fig, axes = plt.subplots(rows, cols, figsize=(PANEL_W * cols, PANEL_H * rows), squeeze=False)
+    fig, axes = _panels(plt, len(keys))
     for ax, key in zip(axes.flat, keys):
         for method, seeds in curves.items():
             steps, m, sd = _band(seeds, key)
-            if not steps:
-                continue
-            ax.plot(steps, m, label=method)
-            ax.fill_between(steps, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], alpha=0.2)
+            if steps:
+                _band_line(ax, steps, m, sd, method)
         if reference and key in reference:
             value, label = reference[key]
             ax.axhline(value, label=label, **BASE_STYLE)
-        ax.set_title(key)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.set_visible(False)
-    return _save(fig, path)
+        _finish_panel(ax, key)
+    return _save_panels(fig, axes, len(keys), path)
 
 
 def scores_figure(evals: dict[str, dict], path: Path, base: str = "base") -> Path | None:
