@@ -125,7 +125,7 @@ def run_keyed(stage: str, option: str, help: str, launch, doc: str) -> None:
 
 def start_ranks_early(stage: str, option: str, help: str, doc: str, module: str, check=None) -> None:
     """Called by a data-parallel stage (train, evaluate) before it imports Prefect and torch.
-    In the stage's own process with runtime.nproc > 1: validate params.yaml, run check(params),
+    In the stage's own process with runtime.nproc > 1: validate params.yaml, run check(params, key),
     start the ranks of `python -m module` under torchrun and exit with their status, all
     inside run() (errors in one line, the same exit codes). The ranks import what they need;
     this process imports neither (4.1 s and 2.3 s of imports, timed on busy cores). Returns at once in a rank,
@@ -145,7 +145,7 @@ def start_ranks_early(stage: str, option: str, help: str, doc: str, module: str,
 
     def launch(_key: str) -> None:
         if check is not None:
-            check(params)
+            check(params, _key)
         sys.exit(start_ranks(params.runtime.nproc, module, sys.argv[1:]))
 
     run(f"{stage}@{key}", launch, key)

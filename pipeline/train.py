@@ -26,7 +26,7 @@ if __name__ == "__main__":  # the stage's own process starts the ranks and exits
     from margrpo.rl.launch import check_shardable
 
     start_ranks_early("train", "method", METHOD_HELP, __doc__, "pipeline.train",
-                      check=lambda p: check_shardable(p.train.prompts_per_step, p.runtime.nproc))
+                      check=lambda p, method: check_shardable(p.train_for(method).prompts_per_step, p.runtime.nproc))
 
 import shutil  # noqa: E402
 import time  # noqa: E402
@@ -139,7 +139,8 @@ def launch(method: str) -> None:
     from margrpo.rl.distributed import check_shardable, run_stage
 
     params = common.load()
-    check_shardable(params.train.prompts_per_step, params.runtime.nproc)
+    # validate refuses this before any stage starts; here for direct callers
+    check_shardable(params.train_for(method).prompts_per_step, params.runtime.nproc)
     run_stage(params.runtime, "pipeline.train", lambda: train_method(method), lambda: follow(method))
 
 

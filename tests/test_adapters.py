@@ -15,7 +15,7 @@ from margrpo.models.loading import load_model
 from margrpo.models.nova import NOVATransformer, nova_schedule
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.published import WeightsError
-from margrpo.rl.policy_loss import prepare, speculative_steps_needed
+from margrpo.rl.plan import plan_tokens, speculative_steps_needed
 from margrpo.rl.trainer import Batch, Trainer
 from margrpo.world.prompts import make_prompt_set
 
@@ -76,7 +76,7 @@ def test_first_pass_ratio_is_one_and_frozen_head_gets_no_gradient(kind):
     ar, heads = tr.plan_steps()
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
-    plans = prepare(tr.policy, ro, ar, heads, tr.method, "guided")
+    plans = plan_tokens(tr.policy, ro, ar, heads, tr.method, "guided")
     adv = torch.randn(len(metas))
     stats = tr.compute_grads(Batch(groups, ro, adv, adv, plans, 0.0))
     assert stats["diag/approx_kl"] == 0.0 and stats["diag/clipfrac"] == 0.0

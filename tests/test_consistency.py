@@ -1,12 +1,12 @@
 """The consistency filter's score (method.md §3.3): cosine of tokens centred on the policy's
-reference value, its rules, its tau, and the per-step diagnostics of policy_loss."""
+reference value, its rules, its tau, and the per-step diagnostics of the token plan."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from margrpo.models.mar import TINY_CONSISTENCY_REFERENCE
-from margrpo.rl.policy_loss import CONSISTENCY_KEYS, _loss_tokens, prepare
+from margrpo.rl.plan import CONSISTENCY_KEYS, loss_tokens, plan_tokens
 from margrpo.rl.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, content_cos, loss_token_mask)
 from conftest import tiny_params
@@ -110,7 +110,7 @@ def test_loss_tokens_logs_diagnostics_without_changing_the_tokens(tiny_model):
                             speculative_steps=range(tiny_model.num_ar_steps))
     hs = torch.tensor([0, 1])
     for i in range(tiny_model.num_ar_steps - 1):
-        plan = _loss_tokens(ro, i, hs, method, R)
+        plan = loss_tokens(ro, i, method, R)
         st = ro.steps[i]
         assert sorted(plan.stats) == sorted(CONSISTENCY_KEYS)
         # the loss tokens are those of the filter alone
@@ -125,7 +125,7 @@ def test_loss_tokens_logs_diagnostics_without_changing_the_tokens(tiny_model):
         qs = [plan.stats[f"select/consistency_score_q{round(100 * q)}"] for q in DIAG_QUANTILES]
         assert qs == sorted(qs) and -1.0 <= qs[0] and qs[-1] <= 1.0
     # the last step has no speculative tokens, so no statistics
-    assert _loss_tokens(ro, tiny_model.num_ar_steps - 1, hs, method, R).stats == {}
-    # prepare uses the policy's reference
-    plans = prepare(tiny_model, ro, [0], [hs], method, "guided")
-    assert plans[0].stats == _loss_tokens(ro, 0, hs, method, R).stats
+    assert loss_tokens(ro, tiny_model.num_ar_steps - 1, method, R).stats == {}
+    # the plan uses the policy's reference
+    plans = plan_tokens(tiny_model, ro, [0], [hs], method, "guided")
+    assert plans[0].stats == loss_tokens(ro, 0, method, R).stats

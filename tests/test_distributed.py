@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from margrpo.models.loading import new_model
 from margrpo.models.noise import chain_stream
 from margrpo.rl.distributed import World, check_shardable, map_batches, my_batches, torchrun_command
-from margrpo.rl.policy_loss import prepare, speculative_steps_needed
+from margrpo.rl.plan import plan_tokens, speculative_steps_needed
 from margrpo.rl.trainer import Trainer
 from margrpo.world.grammar import VOCAB
 
@@ -134,7 +134,7 @@ print("returned")
 
 @pytest.mark.parametrize("check, expect", [
     ("None", "start 2 pipeline.train ['--method', 'grpo'] False False"),
-    ("lambda p: launch.check_shardable(3, p.runtime.nproc)", "train@grpo: failed: ValueError: train.prompts_per_step=3")])
+    ("lambda p, method: launch.check_shardable(3, p.runtime.nproc)", "train@grpo: failed: ValueError: train.prompts_per_step=3")])
 def test_a_stage_process_starts_its_ranks_without_torch_or_prefect(check, expect):
     repo = TESTS.parent
     out = subprocess.run([sys.executable, "-c", STAGE_PROCESS.replace("CHECK", check)], cwd=repo, text=True,
@@ -152,16 +152,16 @@ def test_shards_and_batches_cover_everything_once():
 
 
 def test_a_shard_draws_the_same_chains_for_its_images():
-    """prepare() on one rank's half of the groups draws, for each of its images, exactly the
+    """plan_tokens() on one rank's half of the groups draws, for each of its images, exactly the
     multi-trajectory chains that one process draws for them in the whole batch."""
     tr = make_trainer(**{"methods.mar_grpo.estimator": "posterior", "num_trajectories": 3})
     metas, _ = tr.sample_batch()
     ar, heads = tr.plan_steps()
     spec = speculative_steps_needed(tr.method, ar)
     prompts, seeds = [m["prompt"] for m in metas], torch.arange(len(metas)) * 7919 + 3
-    full = prepare(tr.policy, tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec), ar, heads, tr.method, "guided")
+    full = plan_tokens(tr.policy, tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec), ar, heads, tr.method, "guided")
     half = slice(len(metas) // 2, len(metas))
-    part = prepare(tr.policy, tr.policy.rollout(prompts[half], seeds=seeds[half], speculative_steps=spec), ar, heads,
+    part = plan_tokens(tr.policy, tr.policy.rollout(prompts[half], seeds=seeds[half], speculative_steps=spec), ar, heads,
                    tr.method, "guided")
     for pf, pp in zip(full, part):
         width = pf.mask.shape[1]
@@ -172,7 +172,7 @@ def test_a_shard_draws_the_same_chains_for_its_images():
         # the weights come from head evaluations, whose batched matmuls may round differently
         # for another batch size: equal to float32 rounding
         assert torch.allclose(pf.draw.weights[:, in_half], pp.draw.weights, rtol=1e-5, atol=1e-6)
-    other = prepare(tr.policy, tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec), ar, heads, tr.method,
+    other = plan_tokens(tr.policy, tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec), ar, heads, tr.method,
                     "guided", draw=1)
     assert not torch.equal(other[0].draw.states[:, 1:], full[0].draw.states[:, 1:])  # draw 1: fresh chains
 

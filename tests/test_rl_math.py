@@ -11,7 +11,7 @@ from margrpo.models.samplers import DDPMSampler, FlowSDESampler, gaussian_log_pr
 from margrpo.rl.advantages import group_advantages, zero_std_fraction
 from margrpo.rl.gradprobe import group_halves, pair_stats, params_grad, two_estimates, variance_ratio
 from margrpo.models.samplers import gaussian_kl_same_std as gaussian_kl
-from margrpo.rl.losses import merge_chain_terms, ppo_clipped_term, transition_sum
+from margrpo.rl.losses import ppo_clipped_term, ratio_stats, token_terms, transition_sum
 from margrpo.rl.selection import (
     consistency_keep,
     loss_token_mask,
@@ -48,8 +48,10 @@ def test_first_pass_ratio_is_one_and_gradient_is_reinforce():
     logp = torch.randn(5, 3, requires_grad=True)
     adv = torch.randn(3)
     w = torch.rand(5, 3)
-    loss, st = ppo_clipped_term(logp, logp.detach(), adv, 0.2, weight=w)
+    loss = ppo_clipped_term(logp, logp.detach(), adv, 0.2, weight=w)
+    st = ratio_stats(logp, logp, 0.2)
     assert torch.allclose(loss, -(adv * w))
+    assert not st["approx_kl"].requires_grad
     assert float(st["clipfrac"]) == 0.0 and float(st["approx_kl"]) == 0.0 and float(st["ratio_mean"]) == 1.0
     (g,) = torch.autograd.grad(loss.sum(), logp)
     assert torch.allclose(g, -(adv * w))
@@ -59,7 +61,8 @@ def test_clipping_stops_gradient_outside_trust_region():
     old = torch.zeros(4)
     new = torch.tensor([0.5, 0.5, -0.5, -0.5], requires_grad=True)  # ratio 1.65 / 0.61
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
-    loss, st = ppo_clipped_term(new, old, adv, 0.2)
+    loss = ppo_clipped_term(new, old, adv, 0.2)
+    st = ratio_stats(new, old, 0.2)
     (g,) = torch.autograd.grad(loss.sum(), new)
     # A>0 & ratio>1+c, A<0 & ratio<1-c: clipped, no gradient; the other two keep theirs
     assert g[0] == 0 and g[3] == 0 and g[1] != 0 and g[2] != 0
@@ -102,12 +105,16 @@ def test_transition_sum_weighs_every_scored_transition_once():
     assert torch.equal(g, mask.float().expand(2, 2, 3))
 
 
-def test_merge_chain_terms_places_weighted_sum():
-    single = torch.zeros(2, 2, 3)
-    chains = torch.ones(2, 4, 2) * torch.tensor([1.0, 2.0]).view(1, 1, 2)  # M=4, R=2
-    merged = merge_chain_terms(single, chains, torch.tensor([1, 5]))
-    assert merged[:, 0, 1].tolist() == [4.0, 4.0] and merged[:, 1, 2].tolist() == [8.0, 8.0]
-    assert float(merged.sum()) == 24.0
+def test_token_terms_places_each_token_set_and_zero_elsewhere():
+    # S=2 head steps, B=2 images, L=3 tokens: rollout-chain terms of tokens 0 and 3, the
+    # summed M=4 chain terms of tokens 1 and 5, token 2 and 4 in neither set
+    single = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    chains = torch.ones(2, 4, 2) * torch.tensor([1.0, 2.0]).view(1, 1, 2)
+    terms = token_terms((2, 2, 3), [(torch.tensor([0, 3]), single), (torch.tensor([1, 5]), chains.sum(1))])
+    assert terms[0].tolist() == [[1.0, 4.0, 0.0], [2.0, 0.0, 8.0]]
+    assert terms[1].tolist() == [[3.0, 4.0, 0.0], [4.0, 0.0, 8.0]]
+    (g,) = torch.autograd.grad(terms.sum(), single)
+    assert torch.equal(g, torch.ones(2, 2))
 
 
 # ---- selection -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ from margrpo.models.chains import gather_rows, sample_chain
 from margrpo.models.loading import new_model
 from margrpo.rl.gradprobe import flat_grad
 from margrpo.rl.loop import NonFiniteError, train
-from margrpo.rl.policy_loss import prepare, speculative_steps_needed
+from margrpo.rl.plan import plan_tokens, speculative_steps_needed
 from margrpo.rl.trainer import Batch, Trainer
 from margrpo.world.grammar import VOCAB
 from margrpo.world.prompts import make_prompt_set
@@ -38,7 +38,7 @@ def test_first_pass_ratio_is_one_and_gradient_flows(estimator):
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
     adv = torch.randn(len(metas))
-    plans = prepare(tr.policy, ro, ar, heads, tr.method, "guided")
+    plans = plan_tokens(tr.policy, ro, ar, heads, tr.method, "guided")
     stats = tr.compute_grads(Batch(groups, ro, adv, adv, plans, 0.0))
     assert stats["diag/approx_kl"] == 0.0 and stats["diag/clipfrac"] == 0.0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tr.ar_params)
@@ -111,9 +111,11 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
 
 
 def test_method_learning_rate_overrides_train_lr():
-    tr = make_trainer(**{"methods.mar_grpo.lr": 3e-4, "train.lr": 1e-5})
-    assert [g["lr"] for g in tr.opt.param_groups] == [3e-4]
-    assert [g["lr"] for g in make_trainer("grpo", **{"train.lr": 1e-5}).opt.param_groups] == [1e-5]
+    over = {"methods.mar_grpo.lr": 3e-4, "train.lr": 1e-5}
+    params = tiny_params(**over)
+    assert (params.train_for("mar_grpo").lr, params.train_for("grpo").lr) == (3e-4, 1e-5)  # resolved there
+    assert [g["lr"] for g in make_trainer(**over).opt.param_groups] == [3e-4]
+    assert [g["lr"] for g in make_trainer("grpo", **over).opt.param_groups] == [1e-5]
 
 
 def test_steps_factor_multiplies_train_steps_for_that_method_only():
@@ -182,10 +184,10 @@ def test_mte_scope_limits_the_multi_trajectory_tokens(scope):
     ar, heads = tr.plan_steps()
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
-    plans = prepare(tr.policy, ro, ar, heads, tr.method, "guided")
+    plans = plan_tokens(tr.policy, ro, ar, heads, tr.method, "guided")
     spec_selected = 0
     for plan in plans:
-        n_commit, n_all = plan.groups[0][0].shape[1], plan.mask.shape[1]
+        n_commit, n_all = plan.n_committed, plan.mask.shape[1]
         col = plan.draw.rows % n_all
         spec_selected += int((col >= n_commit).sum())
         committed_rows = int(plan.mask[:, :n_commit].sum())
@@ -310,7 +312,7 @@ def test_posterior_keeps_the_rollout_chain_as_one_of_its_draws():
     for p in batch.plans:
         d = p.draw
         b, n = p.mask.shape
-        own = p.groups[0][1].reshape(p.groups[0][1].shape[0], b * n, -1)[:, d.rows]
+        own = p.blocks[0].chain.reshape(p.blocks[0].chain.shape[0], b * n, -1)[:, d.rows]
         assert torch.equal(d.states[:, 0], own)  # chain 0 is the chain that made the image
         assert torch.allclose(d.weights[0], torch.full_like(d.weights[0], 1 / 4))
         assert torch.allclose(d.weights.sum(0), torch.ones(d.rows.numel()))

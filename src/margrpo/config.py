@@ -203,10 +203,12 @@ class Params(Strict):
 
     def train_for(self, name: str) -> "TrainConfig":
         """params.train as the method trains: train.steps x steps_factor steps of train.prompts_per_step x
-        batch_factor prompts, under its own LR schedule, warm-up and probe interval where it sets them."""
+        batch_factor prompts, at its own learning rate, LR schedule, warm-up and probe interval where it
+        sets them. The one place a method's overrides of train.* are resolved."""
         m, t = self.method(name), self.train
         steps = t.steps * m.steps_factor
         update = {"steps": steps, "prompts_per_step": t.prompts_per_step * m.batch_factor,
+                  "lr": t.lr if m.lr is None else m.lr,
                   "lr_schedule": m.lr_schedule or t.lr_schedule,
                   "warmup_steps": t.warmup_steps if m.warmup_frac is None else round(m.warmup_frac * steps),
                   "grad_probe_every": t.grad_probe_every if m.grad_probe_every is None else m.grad_probe_every}

@@ -54,7 +54,7 @@ from margrpo.models.noise import FORWARD, RESAMPLE, chain_noise, chain_stream
 from margrpo.models.chains import chain_log_probs, sample_chain
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.samplers import LOG_2PI, GaussianSampler
-from margrpo.rl.losses import ppo_clipped_term
+from margrpo.rl.losses import ppo_clipped_term, ratio_stats
 
 LogProbFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -260,7 +260,8 @@ def chain_policy_terms(
     n_tokens: int,
     head_steps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted PPO terms of the chains: ([S, M, R], stats of ppo_clipped_term).
+    """Weighted PPO terms of the chains and how far the policy moved on them:
+    (terms [S, M, R], losses.ratio_stats of the chains' transitions).
 
     logp_new: [S, M, R] current log-probs of draw.states at the head steps `head_steps`
     (long [S]; default all T). adv: [B] image advantages; n_tokens: n, tokens per image of
@@ -273,5 +274,6 @@ def chain_policy_terms(
     else:
         old = draw.logp_old if head_steps is None else draw.logp_old[head_steps]
     a = adv[draw.rows // n_tokens].view(1, 1, -1)
-    return ppo_clipped_term(logp_new, old, a, clip_range, weight=draw.weights.unsqueeze(0))
+    terms = ppo_clipped_term(logp_new, old, a, clip_range, weight=draw.weights.unsqueeze(0))
+    return terms, ratio_stats(logp_new, old, clip_range)
 

@@ -19,13 +19,18 @@ the draws add:
   follows the reward rather than the noise: about 1 / snr).
 Comparing noise_var of two estimators (`variance_ratio`) gives their variance ratio.
 
-Gradients are taken with torch.autograd.grad, so parameters' .grad fields are untouched.
+`params_grad` and `two_estimates` take gradients with torch.autograd.grad, so parameters'
+.grad fields are untouched. `probe_gradients` is the trainer's probe (probe/* metrics): it
+recomputes the trainer's gradient on variants of one batch and empties .grad at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import torch
+
+from margrpo.rl.plan import TokenPlan, plan_tokens
 
 
 def flat_grad(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -94,3 +99,56 @@ def two_estimates(
     params = list(params)
     grads = [params_grad(loss_fn(torch.Generator().manual_seed(int(s))), params) for s in seeds]
     return grads[0], grads[1], pair_stats(grads[0], grads[1])
+
+
+def probe_gradients(trainer, batch) -> dict[str, float]:
+    """Gradient signal-to-noise of the transformer on one training batch before its update.
+
+    trainer: a rl.trainer.Trainer; batch: its Batch. Every gradient is trainer.compute_grads
+    on the same rollout (collective over ranks); variant plans come from plan_tokens, whose
+    draws are keyed by the image seeds, so no generator moves, and .grad is emptied at the
+    end: the update that follows is the one without the probe.
+
+    - probe/snr, probe/cos_groups, probe/signal, probe/noise: the two halves of the GROUPS
+      (prompts), each an independent unbiased estimate; snr = g_a . g_b / (|g_a - g_b|^2 / 2).
+    - probe/cos_draws (MTE estimators): cosine of two gradients from independent chain draws.
+    - probe/var_ratio_vs_single (MTE estimators): this method's half-batch noise over that
+      of the `single` estimator on the same rollout and tokens (< 1: less noise).
+    - probe/snr_committed (committed+speculative scope): the same snr with the committed
+      tokens alone; probe/snr_unfiltered (with the consistency filter): with every
+      speculative token. The same rollouts, so the three differ only in the loss tokens.
+    """
+    method, cfg_mode, ar = trainer.method, trainer.tcfg.cfg_mode, trainer.ar_params
+    half = group_halves(batch.groups, trainer.tcfg.prompts_per_step)  # halves of the global groups
+    ar_steps, head_steps = [p.index for p in batch.plans], [p.head_steps for p in batch.plans]
+
+    def grad_of(weight=None, plans=None) -> torch.Tensor:
+        trainer.compute_grads(batch, weight, plans)
+        return flat_grad([p.grad for p in ar], ar)
+
+    def replan(variant, draw: int = 0) -> list[TokenPlan]:
+        return plan_tokens(trainer.policy, batch.rollout, ar_steps, head_steps, variant, cfg_mode, draw=draw)
+
+    halves = pair_stats(grad_of(half), grad_of(~half))
+    out = {"probe/snr": halves["snr"], "probe/cos_groups": halves["cosine"],
+           "probe/signal": halves["signal"], "probe/noise": halves["noise_var"]}
+    if method.estimator != "single":
+        # draw 1: the same images' chains on independent streams (the batch used draw 0)
+        out["probe/cos_draws"] = pair_stats(grad_of(), grad_of(plans=replan(method, draw=1)))["cosine"]
+        sp = replan(method.model_copy(update={"estimator": "single", "topk": False}))
+        out["probe/var_ratio_vs_single"] = variance_ratio(halves, pair_stats(grad_of(half, sp), grad_of(~half, sp)))
+    if method.token_scope == "committed+speculative":
+        variants = {"probe/snr_committed": [dataclasses.replace(p, mask=_committed_only(p)) for p in batch.plans]}
+        if method.consistency:
+            variants["probe/snr_unfiltered"] = replan(method.model_copy(update={"consistency": False}))
+        for key, plans in variants.items():
+            out[key] = pair_stats(grad_of(half, plans), grad_of(~half, plans))["snr"]
+    trainer.opt.zero_grad(set_to_none=True)
+    return out
+
+
+def _committed_only(plan: TokenPlan) -> torch.Tensor:
+    """The plan's loss-token mask [B, L] without its speculative columns."""
+    mask = plan.mask.clone()
+    mask[:, plan.n_committed:] = False
+    return mask

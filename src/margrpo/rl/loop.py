@@ -11,10 +11,11 @@ far, with best.json), final/ (the weights after the last step). A killed run res
 ckpt.pt and drops the history and evaluation lines written after it, so a resumed run ends
 with the same files as an uninterrupted one.
 
-Non-finite guard: a step whose loss or gradient is not finite is skipped (the trainer
-leaves the weights alone); train.max_nonfinite_in_row such steps in a row stop the run.
-The weights are checked after every update; a checkpoint, best/ and final/ are written only
-from finite weights, and the error names the newest checkpoint that exists.
+Non-finite values: Trainer.train_step skips a step whose loss or gradient is not finite and
+raises NonFiniteError when an update makes the weights non-finite or after
+train.max_nonfinite_in_row skipped steps in a row. The run stops there, with the error
+naming the newest checkpoint that exists, so from a finite base model a checkpoint, best/
+and final/ only ever hold finite weights.
 
 Data parallel (rl/distributed.py): every rank runs this loop (the training steps and the
 held-out evaluation are collective); rank 0 alone logs and writes the files. A checkpoint
@@ -34,15 +35,11 @@ from tqdm.auto import tqdm
 
 from margrpo.checkfiles import check_torch_zip
 from margrpo.jsonl import read_jsonl, write_jsonl
-from margrpo.rl.trainer import Trainer
+from margrpo.rl.trainer import NonFiniteError, Trainer
 
 Evaluate = Callable[[object], dict[str, float]]
 Log = Callable[[int, dict[str, float]], None]
 SELECT_KEY = "eval/geneval/overall"
-
-
-class NonFiniteError(RuntimeError):
-    pass
 
 
 def _json_line(row: dict) -> str:
@@ -88,9 +85,6 @@ class RunDir:
                 path.unlink(missing_ok=True)
 
     def save_checkpoint(self, trainer: Trainer) -> None:
-        if not trainer.weights_finite():
-            raise NonFiniteError(f"the weights are not finite at step {trainer.step}; not checkpointing. "
-                                 f"{self.newest_checkpoint()}")
         tmp = self.ckpt.with_suffix(".tmp")
         torch.save(trainer.state(), tmp)
         os.replace(tmp, self.ckpt)
@@ -102,8 +96,6 @@ class RunDir:
         return f"No checkpoint was written yet ({self.ckpt} does not exist); a rerun starts from the base model."
 
     def publish(self, policy, folder: Path) -> Path:
-        if not all(bool(torch.isfinite(p).all()) for p in policy.parameters()):
-            raise NonFiniteError(f"refusing to write non-finite weights to {folder}. {self.newest_checkpoint()}")
         tmp = folder.with_name(folder.name + ".tmp")
         policy.save_pretrained(tmp)
         if folder.exists():
@@ -147,13 +139,10 @@ def train(trainer: Trainer, out_dir: Path, *, evaluate: Evaluate | None = None, 
     bar = tqdm(total=t.steps, initial=trainer.step, desc=f"train {trainer.method.name} seed {trainer.seed}",
                disable=not (progress and main))
     while trainer.step < t.steps:
-        metrics = trainer.train_step()
-        if not trainer.weights_finite():
-            raise NonFiniteError(f"the update of step {trainer.step} made the weights non-finite "
-                                 f"(lr {metrics['diag/lr']:g}); lower train.lr. {run.newest_checkpoint()}")
-        if trainer.nonfinite_in_row >= t.max_nonfinite_in_row:
-            raise NonFiniteError(f"{trainer.nonfinite_in_row} steps in a row had a non-finite loss or gradient "
-                                 f"(step {trainer.step}); lower train.lr or check the reward. {run.newest_checkpoint()}")
+        try:
+            metrics = trainer.train_step()
+        except NonFiniteError as e:
+            raise NonFiniteError(f"{e} {run.newest_checkpoint()}") from None
         if main:
             run.append(run.history, trainer.step, metrics)
         log(trainer.step, metrics)

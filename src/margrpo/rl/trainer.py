@@ -1,14 +1,17 @@
-"""GRPO / MAR-GRPO training step: rollout -> reward -> advantages -> loss -> AdamW.
+"""GRPO / MAR-GRPO training step, top to bottom: `Trainer.collect` (rollout -> reward ->
+group advantages -> token plan), `Trainer.train_step` (the update) and
+`Trainer.compute_grads` (the loss of every AR step, backward, all-reduce).
 
-Vanilla GRPO and MAR-GRPO run the same code; the method config decides the head freeze,
-the estimator, the token scope and the selection. Every random draw comes from one of
-three torch.Generators (prompt order, image seeds, loss-step subsets) whose states are
+Vanilla GRPO and MAR-GRPO run the same code; the resolved method (Params.method and
+Params.train_for) decides the head freeze, the estimator, the token scope, the selection
+and the per-method training settings. Every random draw comes from one of three
+torch.Generators (prompt order, image seeds, loss-step subsets) whose states are
 checkpointed, or is keyed by an image seed (the rollout's noise and the multi-trajectory
 chains, models/noise.py), so a killed run resumed from its last checkpoint ends with the
-same weights as an uninterrupted one. The outer loop (evaluation, checkpoints, the
-non-finite guard) is rl/loop.py.
+same weights as an uninterrupted one. The outer loop (evaluation, checkpoints) is
+rl/loop.py; the gradient probe is rl/gradprobe.py.
 
-Data parallel (rl/distributed.py): every rank draws the same global batch and loss plan
+Data parallel (rl/distributed.py): every rank draws the same global batch and token plan
 from the shared generators and rolls out its block of whole groups; the loss is
 normalised by the global image count and the gradients are summed over ranks, so N
 processes step like one process with the same global batch. Tensors live on the policy's
@@ -22,7 +25,6 @@ steps (plus filtered speculative tokens for the committed+speculative scope).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from typing import Callable, NamedTuple
@@ -30,28 +32,35 @@ from typing import Callable, NamedTuple
 import torch
 
 from margrpo.config import Params, ResolvedMethod
+from margrpo.models.chains import chain_log_probs, gather_rows
 from margrpo.models.noise import draw_seeds
 from margrpo.models.protocol import MARPolicy, Rollout
 from margrpo.rl.advantages import group_advantages, zero_std_fraction
 from margrpo.rl.distributed import World, check_shardable, current
-from margrpo.rl.gradprobe import flat_grad, group_halves, pair_stats, variance_ratio
-from margrpo.rl.policy_loss import (CONSISTENCY_KEYS, StepPlan, loss_backward, prepare, speculative_steps_needed,
-                                    transition_slots)
+from margrpo.rl.estimators import chain_policy_terms
+from margrpo.rl.gradprobe import probe_gradients
+from margrpo.rl.losses import gaussian_kl, ppo_clipped_term, ratio_stats, token_terms, transition_sum
+from margrpo.rl.plan import CONSISTENCY_KEYS, TokenPlan, plan_tokens, speculative_steps_needed
 
 GENERATORS = ("data", "rollout", "plan")
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
 SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
 
 
+class NonFiniteError(RuntimeError):
+    """Training stopped: the weights went non-finite, or too many steps in a row had a
+    non-finite loss or gradient (Trainer.train_step)."""
+
+
 class Batch(NamedTuple):
-    """One training batch: rollout, rewards, advantages and loss plan (Trainer.collect); on
+    """One training batch: rollout, rewards, advantages and token plan (Trainer.collect); on
     a rank of a data-parallel run, its block of the global batch (B images of whole groups)."""
 
     groups: torch.Tensor  # [B] global group index of every image
     rollout: Rollout
     rewards: torch.Tensor  # [B]
     adv: torch.Tensor  # [B]
-    plans: list[StepPlan]
+    plans: list[TokenPlan]  # one per loss AR step
     rollout_s: float
     # [B] the base model's rewards on the same prompts and image seeds (methods.<m>.paired_base)
     base_rewards: torch.Tensor | None = None
@@ -145,8 +154,7 @@ class Trainer:
                 if id(p) not in shared:
                     p.requires_grad_(False)
         t = self.tcfg
-        self.opt = torch.optim.AdamW(self.trained, lr=method.lr or t.lr, betas=tuple(t.adam_betas),
-                                     weight_decay=t.weight_decay)
+        self.opt = torch.optim.AdamW(self.trained, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t))
         self.gens = {name: torch.Generator().manual_seed(seed * 1000 + k) for k, name in enumerate(GENERATORS)}
         self.step = 0
@@ -201,7 +209,7 @@ class Trainer:
         self.nonfinite_in_row, self.nonfinite_total = s["nonfinite"]
         self.best = dict(s["best"])
 
-    # ---- one batch ------------------------------------------------------------------
+    # ---- the batch's draws ----------------------------------------------------------
     def sample_batch(self) -> tuple[list[dict], torch.Tensor]:
         """The global batch: prompt metadata [B] (each prompt group_size times) and group ids [B].
 
@@ -234,17 +242,18 @@ class Trainer:
         heads = [torch.randperm(t_head, generator=g)[: self.tcfg.loss_head_steps].sort().values for _ in ar]
         return ar, heads
 
+    # ---- one step, top to bottom ----------------------------------------------------
     def collect(self) -> Batch:
-        """One batch's rollout, rewards, advantages and loss plan, from the trainer's generators."""
+        """Rollout -> reward -> group advantages -> token plan, at theta_old (no grad)."""
         t0 = time.time()
         metas, groups = self.sample_batch()
         seeds = draw_seeds(self.gens["rollout"], len(metas))  # [B global], the same on every rank
         ar_steps, head_steps = self.plan_steps()
-        spec = speculative_steps_needed(self.method, ar_steps)
         mine = self.world.shard(len(metas))  # whole groups (check_shardable)
         metas, groups = metas[mine], groups[mine]
         self.policy.eval()
-        rollout = self.policy.rollout([m["prompt"] for m in metas], seeds=seeds[mine], speculative_steps=spec)
+        rollout = self.policy.rollout([m["prompt"] for m in metas], seeds=seeds[mine],
+                                      speculative_steps=speculative_steps_needed(self.method, ar_steps))
         t_roll = time.time() - t0
         # The reward scores CPU images (the world's pixel evaluator); rewards, advantages
         # and the loss are float32 on the policy's device.
@@ -252,7 +261,7 @@ class Trainer:
         rewards = self.reward(images, rollout.prompts, metas).float().to(self.device)
         monitored = self.monitor(images, metas) if self.monitor else None
         adv = group_advantages(rewards, groups)
-        plans = prepare(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
+        plans = plan_tokens(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
         base_rewards = None
         if self.method.paired_base:
             # Noise is a function of the image seeds (models/noise.py), so the base draws
@@ -262,43 +271,38 @@ class Trainer:
             base_rewards = self.reward(base.images.cpu(), base.prompts, metas).float().to(self.device)
         return Batch(groups, rollout, rewards, adv, plans, t_roll, base_rewards, monitored)
 
-    def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
-                      plans: list[StepPlan] | None = None, adv: torch.Tensor | None = None) -> dict[str, float]:
-        """Zero the gradients and backpropagate the loss of `batch` (optionally restricted
-        to the images with image_weight 1, normalised by their number). Over ranks: the
-        image count is global and the gradients are summed, so every rank ends with the
-        gradient of the global batch; loss/* are summed, diag/* averaged over ranks."""
-        plans = batch.plans if plans is None else plans
-        [n_images] = self.world.sum([float(batch.adv.numel() if image_weight is None else image_weight.sum())])
-        self.opt.zero_grad(set_to_none=True)
-        stats = loss_backward(self.policy, self.ref, batch.rollout, plans, batch.adv if adv is None else adv,
-                              self.tcfg, max(n_images, 1.0) * max(transition_slots(plans), 1), image_weight)
-        self.world.all_reduce_grads(self.trained)
-        keys = sorted(stats)
-        total = dict(zip(keys, self.world.sum([stats[k] for k in keys])))
-        return {k: v if k.startswith("loss/") else v / self.world.size for k, v in total.items()}
-
-    # ---- one step, top to bottom ----------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        t0 = time.time()
-        batch = self.collect()
+        """One GRPO update on a fresh batch; returns the step's metrics.
+
+        Non-finite guard: an epoch whose loss or gradient is not finite leaves the weights
+        alone (its gradients are dropped and the step ends); max_nonfinite_in_row such steps
+        in a row, or an update that makes the weights non-finite, raise NonFiniteError, so
+        the weights are finite whenever this returns (rl/loop.py writes them)."""
+        t0, t = time.time(), self.tcfg
+        batch = self.collect()  # rollout -> reward -> group advantages -> token plan
         metrics = batch_metrics(batch, self.world)
-        if self.tcfg.grad_probe_every and self.step % self.tcfg.grad_probe_every == 0:
-            metrics.update(self.grad_probe(batch))
+        if t.grad_probe_every and self.step % t.grad_probe_every == 0:
+            metrics.update(probe_gradients(self, batch))  # same batch, before the update; changes nothing
         skipped = False
-        for _ in range(self.tcfg.inner_epochs):
-            stats = self.compute_grads(batch)
+        for _ in range(t.inner_epochs):
+            stats = self.compute_grads(batch)  # loss of every AR step -> backward -> all-reduce
             norms = {"diag/grad_norm_ar": grad_norm(self.ar_params), "diag/grad_norm_head": grad_norm(self.head_params)}
             if not all(math.isfinite(v) for v in (stats["loss/policy"], stats["loss/kl"], *norms.values())):
-                skipped = True  # leave the weights alone; rl/loop.py stops after a few in a row
+                skipped = True
                 self.opt.zero_grad(set_to_none=True)
                 break
-            torch.nn.utils.clip_grad_norm_(self.trained, self.tcfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.trained, t.grad_clip)
             self.opt.step()
         self.sched.step()
         self.step += 1
         self.nonfinite_in_row = self.nonfinite_in_row + 1 if skipped else 0
         self.nonfinite_total += int(skipped)
+        if not all(bool(torch.isfinite(p).all()) for p in self.policy.parameters()):
+            raise NonFiniteError(f"the update of step {self.step} made the weights non-finite "
+                                 f"(lr {self.sched.get_last_lr()[0]:g}); lower train.lr.")
+        if self.nonfinite_in_row >= t.max_nonfinite_in_row:
+            raise NonFiniteError(f"{self.nonfinite_in_row} steps in a row had a non-finite loss or gradient "
+                                 f"(step {self.step}); lower train.lr or check the reward.")
         metrics.update(stats)
         metrics.update(norms)
         metrics.update({"diag/lr": self.sched.get_last_lr()[0], "diag/nonfinite_skipped": float(self.nonfinite_total),
@@ -306,57 +310,90 @@ class Trainer:
         self.last_batch = batch
         return metrics
 
-    def weights_finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.policy.parameters())
+    def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
+                      plans: list[TokenPlan] | None = None, adv: torch.Tensor | None = None) -> dict[str, float]:
+        """Set .grad to the gradient of the GRPO loss of `batch`, summed over ranks; returns
+        loss/policy and loss/kl (summed over ranks) and diag/clipfrac and diag/approx_kl
+        (averaged over ranks).
 
-    # ---- diagnostics ----------------------------------------------------------------
-    def grad_probe(self, batch: Batch) -> dict[str, float]:
-        """Gradient signal-to-noise on this batch, before the update (gradprobe docstring).
+            loss = sum over loss AR steps i, head steps j, images b, loss tokens n of
+                   image_weight_b * (PPO term + beta_kl * KL)[i, j, b, n] / normaliser
 
-        - probe/snr, probe/cos_groups: the two halves of the GROUPS (prompts), each an
-          independent unbiased estimate; snr = g_a . g_b / (|g_a - g_b|^2 / 2).
-        - probe/cos_draws (MTE estimators): cosine of two gradients from independent draws.
-        - probe/var_ratio_vs_single (MTE estimators): this method's half-batch noise over that
-          of the `single` estimator on the same rollout and tokens (< 1: less noise).
-        - probe/snr_committed (committed+speculative scope): the same snr with the committed
-          tokens alone; probe/snr_unfiltered (with the consistency filter): with every
-          speculative token. The same rollouts, so the three differ only in the loss tokens.
+        (losses.py: the terms and the aggregation rule). image_weight: optional [B] 0/1, the
+        images in the loss (the gradient probe's group halves); plans, adv: another token
+        plan or other advantages for the same rollout (the probe, tests).
         """
-        half = group_halves(batch.groups, self.tcfg.prompts_per_step)  # halves of the global groups
-
-        def grad_of(weight=None, plans=None):
-            self.compute_grads(batch, weight, plans)
-            return flat_grad([p.grad for p in self.ar_params], self.ar_params)
-
-        halves = pair_stats(grad_of(half), grad_of(~half))
-        out = {"probe/snr": halves["snr"], "probe/cos_groups": halves["cosine"],
-               "probe/signal": halves["signal"], "probe/noise": halves["noise_var"]}
-        if self.method.estimator != "single":
-            ar_steps = [p.index for p in batch.plans]
-            head_steps = [p.head_steps for p in batch.plans]
-            cfg_mode = self.tcfg.cfg_mode
-            # draw 1: the same images' chains on independent streams (the batch used draw 0)
-            alt = prepare(self.policy, batch.rollout, ar_steps, head_steps, self.method, cfg_mode, draw=1)
-            out["probe/cos_draws"] = pair_stats(grad_of(), grad_of(plans=alt))["cosine"]
-            single = self.method.model_copy(update={"estimator": "single", "topk": False})
-            sp = prepare(self.policy, batch.rollout, ar_steps, head_steps, single, cfg_mode)
-            ref_stats = pair_stats(grad_of(half, sp), grad_of(~half, sp))
-            out["probe/var_ratio_vs_single"] = variance_ratio(halves, ref_stats)
-        if self.method.token_scope == "committed+speculative":
-            variants = {"probe/snr_committed": [dataclasses.replace(p, mask=_committed_only(p)) for p in batch.plans]}
-            if self.method.consistency:
-                unfiltered = self.method.model_copy(update={"consistency": False})
-                variants["probe/snr_unfiltered"] = prepare(
-                    self.policy, batch.rollout, [p.index for p in batch.plans], [p.head_steps for p in batch.plans],
-                    unfiltered, self.tcfg.cfg_mode)
-            for key, plans in variants.items():
-                out[key] = pair_stats(grad_of(half, plans), grad_of(~half, plans))["snr"]
+        t, policy, rollout = self.tcfg, self.policy, batch.rollout
+        plans = batch.plans if plans is None else plans
+        adv = batch.adv if adv is None else adv  # [B]
+        w = torch.ones(adv.shape[0], device=adv.device) if image_weight is None else image_weight.float()  # [B]
+        # The normaliser, the one constant every term is divided by: the images in the loss
+        # over the global batch (every rank's) x the transition slots per image (the tokens
+        # committed at the loss AR steps x the loss head steps). Every scored transition then
+        # weighs the same whatever its AR step; speculative tokens add terms, not slots; and
+        # the sum of the ranks' gradients (all_reduce_grads) is the global batch's gradient.
+        [n_images] = self.world.sum([float(adv.numel() if image_weight is None else image_weight.sum())])
+        slots = sum(p.n_committed * len(p.head_steps) for p in plans)
+        normaliser = max(n_images, 1.0) * max(slots, 1)
+        use_kl = self.ref is not None and t.beta_kl > 0
+        losses = {"loss/policy": 0.0, "loss/kl": 0.0}
+        moved = []  # ratio_stats of each scored chain set: how far the policy is from theta_old
         self.opt.zero_grad(set_to_none=True)
-        return out
-
-
-def _committed_only(plan: StepPlan) -> torch.Tensor:
-    """The plan's loss-token mask without its speculative columns."""
-    mask = plan.mask.clone()
-    mask[:, plan.n_committed:] = False
-    return mask
+        for plan in plans:
+            b, width = plan.mask.shape  # B images x L layout tokens of AR step i
+            steps, s = plan.head_steps.tolist(), len(plan.head_steps)  # the S loss head steps
+            z_c, z_u = policy.encode(rollout, plan.index)  # [B, N, C] latents of AR step i (cond, null)
+            if use_kl:
+                with torch.no_grad():
+                    ref_c, ref_u = self.ref.encode(rollout, plan.index)
+            # Log-probs of the rollout chains of the layout's tokens, one block at a time in the
+            # rollout's shapes, so that at theta_old they equal the recorded ones bit for bit
+            # (ratio exactly 1); the KL to the reference is measured on the same transitions.
+            lp, old, kl_terms = [], [], []
+            for blk in plan.blocks:
+                lp_b, mean, std = chain_log_probs(policy, gather_rows(z_c, blk.idx), gather_rows(z_u, blk.idx),
+                                                  blk.chain, steps, rollout.cfg_scale, t.cfg_mode)  # [S, B, g]
+                lp.append(lp_b)
+                old.append(blk.logp[plan.head_steps])  # [S, B, g]
+                moved.append(ratio_stats(lp_b, old[-1], t.clip_range))
+                if use_kl:
+                    with torch.no_grad():
+                        _, mean_ref, _ = chain_log_probs(self.ref, gather_rows(ref_c, blk.idx),
+                                                         gather_rows(ref_u, blk.idx), blk.chain, steps,
+                                                         rollout.cfg_scale, t.cfg_mode)  # [S, B, g, D]
+                    kl_terms.append(gaussian_kl(mean, mean_ref, std))  # [S, B, g]
+            lp, old = torch.cat(lp, dim=2).view(s, -1), torch.cat(old, dim=2).view(s, -1)  # [S, B * L]
+            # PPO terms: each loss token is scored by its own rollout chain, or, when it is in
+            # plan.draw, by the weighted sum over its M chains.
+            rows = plan.single.reshape(-1).nonzero().squeeze(-1)  # [R1] flat index into B * L
+            pieces = [(rows, ppo_clipped_term(lp[:, rows], old[:, rows], adv[rows // width], t.clip_range))]
+            d = plan.draw
+            if d is not None and d.rows.numel():
+                z_rows = [gather_rows(z, plan.positions).reshape(b * width, -1)[d.rows]  # [R2, C]
+                          .unsqueeze(0).expand(d.num_chains, -1, -1) for z in (z_c, z_u)]  # [M, R2, C]
+                lp_d, _, _ = chain_log_probs(policy, *z_rows, d.states, steps, rollout.cfg_scale,
+                                             t.cfg_mode)  # [S, M, R2]
+                chain_terms, chain_moved = chain_policy_terms(d, lp_d, adv, t.clip_range, width, plan.head_steps)
+                pieces.append((d.rows, chain_terms.sum(1)))  # [S, R2]
+                moved.append(chain_moved)
+            pg = (transition_sum(token_terms((s, b, width), pieces), plan.mask) * w).sum() / normaliser
+            losses["loss/policy"] += pg.item()
+            loss = pg
+            if use_kl:
+                kl = (transition_sum(torch.cat(kl_terms, dim=2), plan.mask) * w).sum() / normaliser
+                losses["loss/kl"] += kl.item()
+                loss = pg + t.beta_kl * kl
+            # Backward per AR step rather than of the summed loss: the same gradient (the
+            # steps' gradients add up in .grad), while this step's activations (its transformer
+            # pass and every head pass) are freed before the next step's exist.
+            loss.backward()
+        self.world.all_reduce_grads(self.trained)
+        stats = {**losses, "diag/clipfrac": 0.0, "diag/approx_kl": 0.0}
+        for st in moved:  # the mean over the scored chain sets of each set's mean
+            stats["diag/clipfrac"] += float(st["clipfrac"])
+            stats["diag/approx_kl"] += float(st["approx_kl"])
+        stats["diag/clipfrac"] /= max(len(moved), 1)
+        stats["diag/approx_kl"] /= max(len(moved), 1)
+        keys = sorted(stats)
+        total = dict(zip(keys, self.world.sum([stats[k] for k in keys])))
+        return {k: v if k.startswith("loss/") else v / self.world.size for k, v in total.items()}
