@@ -1,4 +1,4 @@
-"""Stage evaluate@<target>: score base / a trained method on the test world prompts.
+"""Stages evaluate_base and evaluate@<method>: score the base / a trained method on the test world prompts.
 
 `python -m pipeline.evaluate --target grpo`. The test split is used only here: training
 selects its best checkpoint on the held-out split. One replicate per seed in train.seeds:
@@ -13,28 +13,23 @@ prompts), scores.csv (mean
 score per GenEval tag and T2I category; a DVC bar plot) and grid.png (replicate 0,
 evaluate.grid_prompts prompts across tags; a DVC image plot).
 
-With runtime.nproc > 1 the stage runs as that many torchrun ranks: rank 0 runs the flow,
-the others follow it (`follow`); each replicate's sampling and scoring is shared over them
-(margrpo.study.sample_and_score) with exactly the single-process per-image scores.
+Data parallel over runtime.nproc ranks per node (and runtime.nnodes nodes): every rank runs
+this flow; each replicate's sampling and scoring is shared over them
+(margrpo.study.sample_and_score) with exactly the single-process per-image scores, and rank
+0 alone logs to MLflow and writes.
 """
-from pipeline.common import preamble, start_ranks_early
+from __future__ import annotations
 
-preamble()
+import json
+import time
+
+from pipeline import common, proc
 
 TARGET_HELP = "base or a key of params.yaml `methods`"
-if __name__ == "__main__":  # the stage's own process starts the ranks and exits here
-    start_ranks_early("evaluate", "target", TARGET_HELP, __doc__, "pipeline.evaluate")
-
-import json  # noqa: E402
-import time  # noqa: E402
-
-from prefect import flow, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from pipeline import common  # noqa: E402
 
 
-def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc: str = "", grid: bool = False):
+@proc.task()
+def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc: str, grid: bool):
     """(summary metrics, per-prompt scores, grid image or None) of one replicate, scored by
     the evaluation judge (and the reward's detector as proxy_*); every rank calls it alike."""
     import torch
@@ -58,12 +53,6 @@ def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc
     return summarize(scores), per_prompt(scores, len(metas)), picture
 
 
-@task(cache_policy=NO_CACHE)
-def sample_and_score(params, model_path, metas: list[dict], replicate: int, desc: str, grid: bool | None = None):
-    """Not retried: with several ranks a retry on rank 0 alone would desynchronise them."""
-    return replicate_scores(params, model_path, metas, replicate, desc, grid=replicate == 0 if grid is None else grid)
-
-
 def prompt_rows(metas: list[dict]) -> list[dict]:
     """The per-prompt file's prompt list: text, tag, category, test subset and the size of
     the prompt space it was drawn from (the report does not resample a space listed whole)."""
@@ -83,46 +72,59 @@ def scores_csv(mean: dict[str, float]) -> str:
     return "metric,score\n" + "".join(f"{k.removeprefix('eval/')},{mean[k]:.6g}\n" for k in keys)
 
 
-@flow(name="evaluate")
+@proc.flow("evaluate")
 def evaluate(target: str) -> None:
     from margrpo.jsonl import read_jsonl
-    from margrpo.stats import aggregate
 
     params = common.load()
     if target != "base":
         params.method(target)  # a clear error for a target that is not a method
-    study = common.open_study(params)
-    run_id = study.child("evaluate", target)
-    trained = common.REPORTS / "train" / target / "trained.json"
-    if trained.exists():  # link the evaluation to the training runs it scores
-        study.set_tags(run_id, {"trained_by": json.loads(trained.read_text())["mlflow_method_run"]})
-    check_models(params, target)
+    study = run_id = None
+    if proc.is_rank0():
+        study = common.open_study(params)
+        run_id = study.child("evaluate", target)
+        trained = common.REPORTS / "train" / target / "trained.json"
+        if trained.exists():  # link the evaluation to the training runs it scores
+            study.set_tags(run_id, {"trained_by": json.loads(trained.read_text())["mlflow_method_run"]})
+        check_models(params, target)
     models_checked()
     metas = read_jsonl(common.TEST_PROMPTS)
-    out = common.REPORTS / "eval" / target
     per_seed, per_seed_best, grid = {}, {}, None
     prompts = {"final": {}, "best": {}}   # seed -> per-prompt scores (the report's intervals)
     sampled = len(params.train.seeds)  # replicates sampled and scored; a best that is the final is not resampled
     t0 = time.time()
     for replicate, seed in enumerate(params.train.seeds):
-        per_seed[seed], prompts["final"][str(seed)], picture = sample_and_score(
-            params, common.model_for(target, seed, params), metas, replicate, desc=f"evaluate {target} seed {seed}")
+        per_seed[seed], prompts["final"][str(seed)], picture = replicate_scores(
+            params, common.model_for(target, seed, params), metas, replicate, f"evaluate {target} seed {seed}",
+            grid=replicate == 0)
         grid = grid or picture  # replicate 0's
-        study.log_metrics(run_id, {f"seed{seed}/{k}": v for k, v in per_seed[seed].items()})
+        if study is not None:
+            study.log_metrics(run_id, {f"seed{seed}/{k}": v for k, v in per_seed[seed].items()})
         if target != "base":  # the checkpoint with the best held-out score during training
             if best_is_final(params, target, seed):  # selected at the last step: the same scores
                 per_seed_best[seed], prompts["best"][str(seed)] = per_seed[seed], prompts["final"][str(seed)]
             else:
-                per_seed_best[seed], prompts["best"][str(seed)], _ = sample_and_score(
+                per_seed_best[seed], prompts["best"][str(seed)], _ = replicate_scores(
                     params, common.model_for(target, seed, params, "best"), metas, replicate,
-                    desc=f"evaluate {target} seed {seed} (best)", grid=False)
+                    f"evaluate {target} seed {seed} (best)", grid=False)
                 sampled += 1
-            study.log_metrics(run_id, {f"seed{seed}/best/{k}": v for k, v in per_seed_best[seed].items()})
+            if study is not None:
+                study.log_metrics(run_id, {f"seed{seed}/best/{k}": v for k, v in per_seed_best[seed].items()})
+    if study is not None:
+        images = len(metas) * params.evaluate.images_per_prompt * sampled
+        publish(study, run_id, target, params, metas, per_seed, per_seed_best, prompts, grid, images, time.time() - t0)
+
+
+def publish(study, run_id: str, target: str, params, metas: list[dict], per_seed: dict, per_seed_best: dict,
+            prompts: dict, grid, images: int, seconds: float) -> None:
+    """Rank 0: the target's files under reports/eval/<target>/ and its MLflow run."""
+    from margrpo.stats import aggregate
+
+    out = common.REPORTS / "eval" / target
     agg = aggregate(list(per_seed.values()))
     metrics = {"mean": agg["mean"], "std": agg["std"], "replicates": len(per_seed),
                # images sampled and scored, the best checkpoints' included (eval_s covers both)
-               "images": len(metas) * params.evaluate.images_per_prompt * sampled,
-               "time/eval_s": round(time.time() - t0, 1)}
+               "images": images, "time/eval_s": round(seconds, 1)}
     if per_seed_best:
         best = aggregate(list(per_seed_best.values()))
         metrics["best"] = {"mean": best["mean"], "std": best["std"]}
@@ -159,7 +161,7 @@ def check_models(params, target: str) -> None:
 def best_is_final(params, target: str, seed: int) -> bool:
     """best/ holds the final weights (the held-out score peaked at the last step): every file
     of final/ is in best/ byte for byte, so its test scores are the final's (same image
-    seeds) and are not sampled again. Rank 0 and the followers decide alike."""
+    seeds) and are not sampled again. Every rank decides alike (the same files)."""
     final, best = (common.model_for(target, seed, params, which) for which in ("final", "best"))
     files = [p.relative_to(final) for p in final.rglob("*") if p.is_file()]
     return bool(files) and all((best / f).is_file() and (best / f).read_bytes() == (final / f).read_bytes()
@@ -168,35 +170,13 @@ def best_is_final(params, target: str, seed: int) -> bool:
 
 def models_checked() -> None:
     """All ranks meet here after rank 0 has checked the models (no-op in one process). If
-    rank 0's check fails it never arrives, and torchrun stops the waiting ranks."""
+    rank 0's check fails it never arrives, and torchrun stops the waiting ranks: the error
+    is reported once, by rank 0."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
-def follow(target: str) -> None:
-    """Ranks > 0: the replicates of rank 0's flow, in the same order, without its files."""
-    from margrpo.jsonl import read_jsonl
-
-    params = common.load()
-    models_checked()  # waits for rank 0's check: a missing model fails there, once, inside its flow
-    metas = read_jsonl(common.TEST_PROMPTS)
-    for replicate, seed in enumerate(params.train.seeds):
-        replicate_scores(params, common.model_for(target, seed, params), metas, replicate, grid=replicate == 0)
-        if target != "base" and not best_is_final(params, target, seed):
-            replicate_scores(params, common.model_for(target, seed, params, "best"), metas, replicate)
-
-
-def main() -> None:
-    common.run_keyed("evaluate", "target", TARGET_HELP, launch, __doc__)
-
-
-def launch(target: str) -> None:
-    from margrpo.rl.distributed import run_stage
-
-    run_stage(common.load().runtime, "pipeline.evaluate", lambda: evaluate(target), lambda: follow(target))
-
-
 if __name__ == "__main__":
-    main()
+    proc.main("evaluate", evaluate, key=("target", TARGET_HELP), doc=__doc__, ranks=True)

@@ -8,24 +8,19 @@ numbers, with the never-trained bindings (subset "novel") reported apart. The fo
 study trains and evaluates on these splits. (A real-model evaluation with
 margrpo.eval.protocols reads the GenEval and T2I-CompBench prompt files in data/ directly.)
 """
-from pipeline.common import preamble
+from __future__ import annotations
 
-preamble()
-
-from prefect import flow, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from pipeline import common  # noqa: E402
+from pipeline import common, proc
 
 
-@task(cache_policy=NO_CACHE)
+@proc.task()
 def world_split(split: str, n_per_tag: int, seed: int, novel_per_tag: int = 0) -> list[dict]:
     from margrpo.world.prompts import make_prompt_set, make_test_set
 
     return make_test_set(n_per_tag, novel_per_tag, seed) if split == "test" else make_prompt_set(split, n_per_tag, seed)
 
 
-@flow(name="prepare_prompts", log_prints=False)
+@proc.flow("prepare_prompts", log_prints=False)
 def prepare_prompts() -> None:
     from margrpo.jsonl import write_jsonl
 
@@ -54,4 +49,4 @@ def prepare_prompts() -> None:
 
 
 if __name__ == "__main__":
-    common.run("prepare_prompts", prepare_prompts)
+    proc.main("prepare_prompts", prepare_prompts)

@@ -5,22 +5,17 @@ to git with `cache: false`, so a fresh clone does not retrain it; swapped in onl
 complete), reports/pretrain/curve.csv (loss curve, a DVC plot) and
 reports/pretrain/metrics.json.
 """
-from pipeline.common import preamble
+from __future__ import annotations
 
-preamble()
+import time
+from pathlib import Path
 
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from prefect import flow, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from pipeline import common  # noqa: E402
+from pipeline import common, proc
 
 OUT = common.REPORTS / "pretrain"
 
 
-@task(cache_policy=NO_CACHE)
+@proc.task()
 def run_pretraining(params, study, run_id: str) -> tuple[object, list[dict]]:
     import torch
 
@@ -46,7 +41,7 @@ def run_pretraining(params, study, run_id: str) -> tuple[object, list[dict]]:
     return ema, rows
 
 
-@flow(name="pretrain_base")
+@proc.flow("pretrain_base")
 def pretrain_base() -> None:
     params = common.load()
     study = common.open_study(params)
@@ -72,4 +67,4 @@ def pretrain_base() -> None:
 
 
 if __name__ == "__main__":
-    common.run("pretrain_base", pretrain_base)
+    proc.main("pretrain_base", pretrain_base)

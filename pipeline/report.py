@@ -2,16 +2,11 @@
 reports/summary.json (claim verdicts and headline scores, DVC metrics). The study's MLflow
 parent run gets the report and the headline numbers, so the runs table shows them.
 """
-from pipeline.common import preamble
+from __future__ import annotations
 
-preamble()
+import time
 
-import time  # noqa: E402
-
-from prefect import flow, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from pipeline import common  # noqa: E402
+from pipeline import common, proc
 
 TITLE = "MAR-GRPO study report"
 
@@ -25,7 +20,7 @@ def provenance(study) -> str:
             f"params {params_hash(common.PARAMS_FILE.read_text())} · MLflow study {study.study}")
 
 
-@task(cache_policy=NO_CACHE)
+@proc.task()
 def write_report(params, subtitle: str) -> dict:
     from margrpo.report.build import build
     from margrpo.report.render import to_html, to_markdown
@@ -44,7 +39,7 @@ def write_report(params, subtitle: str) -> dict:
     return summary
 
 
-@flow(name="report")
+@proc.flow("report")
 def report() -> None:
     from margrpo.tracking.runs import headline_metrics
 
@@ -63,4 +58,4 @@ def report() -> None:
 
 
 if __name__ == "__main__":
-    common.run("report", report)
+    proc.main("report", report)

@@ -27,7 +27,6 @@ runs (a scratch copy) are left alone.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from margrpo import paramfile
+from margrpo.atomic import write_bytes
 
 # `git fsck` lists the unreachable commits; bounded so that the guard answers in seconds
 # even in a large repository (then only HEAD's file is a candidate).
@@ -131,10 +131,7 @@ def dvc_rewrite(text: bytes, path: str, overrides: list[str]) -> bytes:
 
 def _write_bytes(path: Path, data: bytes) -> None:
     """Whole or not at all (a temporary file renamed over it), with the file's mode."""
-    tmp = path.with_name(f".{path.name}.restore{os.getpid()}")
-    tmp.write_bytes(data)
-    shutil.copymode(path, tmp)
-    os.replace(tmp, path)
+    write_bytes(data, path, keep_mode=True)
 
 
 def revert_keys(path: Path, keys: list[str], source: dict) -> None:

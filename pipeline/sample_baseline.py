@@ -6,21 +6,16 @@ level and, per prompt, the group spread: a group with zero spread gives zero adv
 `baseline/zero_std_group_frac` near 1 means the reward gives GRPO nothing to learn from.
 Writes reports/baseline/metrics.json and reports/baseline/grid.png.
 """
-from pipeline.common import preamble
+from __future__ import annotations
 
-preamble()
-
-from prefect import flow, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from pipeline import common  # noqa: E402
+from pipeline import common, proc
 
 OUT = common.REPORTS / "baseline"
 # Prompts per GenEval tag / T2I category: enough to see the reward's level, cheap to sample.
 PROMPTS_PER_PURPOSE = 2
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+@proc.task(retries=2, retry_delay_seconds=5)
 def score_rewards(specs: list[dict], images, metas: list[dict]):
     """Rewards [P, G]. Retried: a remote reward backend can fail transiently."""
     from margrpo.rewards.base import build_weighted_reward
@@ -42,7 +37,7 @@ def pick_prompts(rows: list[dict], per_purpose: int) -> list[dict]:
     return out
 
 
-@flow(name="sample_baseline")
+@proc.flow("sample_baseline")
 def sample_baseline() -> None:
     from margrpo.jsonl import read_jsonl
     from margrpo.models.loading import load_model
@@ -76,4 +71,4 @@ def sample_baseline() -> None:
 
 
 if __name__ == "__main__":
-    common.run("sample_baseline", sample_baseline)
+    proc.main("sample_baseline", sample_baseline)

@@ -8,7 +8,8 @@ every stage depends on this stage's stamp (reports/validated.txt), the stage is
   names and keys, a complete model.checkpoint), then the rules that the stages' code
   would otherwise enforce only once it runs (`params_rules`: prompts per step over the
   ranks, and what the world and the TinyMAR need of the image size and the model);
-- that dvc.yaml has a train@ and an evaluate@ stage for exactly the methods in params.yaml;
+- that dvc.yaml's train and evaluate stages run once per method of params.yaml (each
+  method's `reads`, which dvc.yaml lists, is checked with the rest of its block);
 - that the training checkpoints the retraining methods would resume from are complete (a
   truncated ckpt.pt otherwise fails every rerun until deleted by hand).
 On success it prints what this run will retrain and about how long that takes (from the
@@ -21,7 +22,6 @@ pipeline/restore.py).
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -43,26 +43,21 @@ STAGE_START_S = 25
 NEW_BASE_HINT = "  to pretrain a new base model at {path} instead: mkdir -p {path} && dvc repro pretrain_base"
 
 
-def _stages(dvc_yaml: dict, name: str) -> set[str]:
-    stage = dvc_yaml.get("stages", {}).get(name, {})
-    foreach = stage.get("foreach") if isinstance(stage, dict) else None
-    return set(foreach) if isinstance(foreach, dict) else set()
+METHODS_FOREACH = "${methods}"
 
 
 def check_dvc_yaml(params, path: Path = Path("dvc.yaml")) -> list[str]:
-    """Methods in params.yaml and the train@ / evaluate@ stages of dvc.yaml must agree."""
-    stages = yaml.safe_load(path.read_text()) or {}
-    methods = set(params.methods)
-    train, evaluate = _stages(stages, "train"), _stages(stages, "evaluate") - set(common.EVAL_TARGETS)
+    """dvc.yaml's train and evaluate stages iterate over params.yaml's methods, so that the
+    methods and the stages cannot drift apart."""
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
     problems = []
-    for name in sorted(methods - train):
-        problems.append(f"methods.{name} is in params.yaml but dvc.yaml has no train@{name}: add `{name}:` to the "
-                        f"foreach of stages train and evaluate in dvc.yaml (see the grpo entries)")
-    for name in sorted(methods - evaluate - (methods - train)):
-        problems.append(f"methods.{name}: dvc.yaml has train@{name} but no evaluate@{name}: add it to the evaluate foreach")
-    for name in sorted((train | evaluate) - methods):
-        problems.append(f"dvc.yaml trains or evaluates {name!r}, which is not under `methods:` in params.yaml: "
-                        f"add it there or remove it from dvc.yaml")
+    for name in ("train", "evaluate"):
+        stage = stages.get(name)
+        foreach = stage.get("foreach") if isinstance(stage, dict) else None
+        if foreach != METHODS_FOREACH:
+            problems.append(f"dvc.yaml: stage {name} iterates over {foreach!r}, not over the methods of params.yaml "
+                            f"({', '.join(params.methods)})\n    fix: give it `foreach: {METHODS_FOREACH}` (a method "
+                            f"is then one block under `methods:` in params.yaml)")
     return problems
 
 
@@ -71,12 +66,14 @@ def check_resume_checkpoints(params, methods: list[str]) -> list[str]:
     files (torch.save's format): a truncated one fails torch.load with a bare OSError."""
     from margrpo.checkfiles import CorruptFileError, check_torch_zip
 
+    from pipeline.train import checkpoint_dir
+
     if not common.TRAIN_PROMPTS.exists() or not any(Path(params.model.checkpoint).iterdir()):
         return []
     problems = []
     for method in methods:
         for seed in params.train.seeds:
-            ckpt = common.checkpoint_dir(params, method, seed) / "ckpt.pt"
+            ckpt = checkpoint_dir(params, method, seed) / "ckpt.pt"
             if ckpt.exists():
                 try:
                     check_torch_zip(ckpt, f"move it aside to restart seed {seed} of {method} from step 0: "
@@ -184,24 +181,13 @@ def longest_prompt_words() -> int:
 def params_rules(params) -> list[tuple[str, str, str]]:
     """(dotted key, problem, fix) for each rule of params alone that a stage's code would
     otherwise enforce only once DVC has started the stage (and deleted its cached outputs):
-    whole groups of prompts per rank (margrpo.rl.launch.check_shardable, run by the trainer
-    on each method's prompts per step), the even image size of the world's renderer, reward
-    and judge (world/render.py check_size), and the TinyMAR's heads and prompt length
-    (models/encoder.py, models/tokenizer.py)."""
-    out = []
-    nproc, per_step = params.runtime.nproc, params.train.prompts_per_step
-    batches = {m: params.train_for(m).prompts_per_step for m in params.methods}
-    by_size: dict[int, list[str]] = {}
-    for method, n in batches.items():
-        if n % nproc:
-            by_size.setdefault(n, []).append(method)
-    if by_size:
-        what = "; ".join(f"{n} for {', '.join(ms)}" for n, ms in by_size.items())
-        out.append(("runtime.nproc", f"{nproc} ranks cannot split the prompts of a training step ({what}; "
-                    f"train.prompts_per_step={per_step} x the method's batch_factor): each rank takes whole "
-                    "groups, so that group advantages stay exact",
-                    f"set runtime.nproc to one of {', '.join(map(str, _divisors(math.gcd(*batches.values()))))}, "
-                    f"or train.prompts_per_step to a multiple of {nproc}"))
+    the ranks that fit this machine and split every method's prompts per step into whole
+    groups (margrpo.rl.launch.rank_problems: runtime.nproc, nnodes, rdzv_endpoint), the even
+    image size of the world's renderer, reward and judge (world/render.py check_size), and
+    the TinyMAR's heads and prompt length (models/encoder.py, models/tokenizer.py)."""
+    from margrpo.rl.launch import rank_problems
+
+    out = rank_problems(params)
     size = params.world.image_size
     if size % 2:
         out.append(("world.image_size", f"{size} is odd; the world's images are a 2x2 grid of cells",

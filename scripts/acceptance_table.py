@@ -108,7 +108,7 @@ def main() -> None:
         cell = base_iv.cell() if base_iv else f"{base_mean:.3f} +- {base_std:.3f}"
         print(f"| base | - | {cell} | - | - | - | - | - | - | - |")
     else:
-        print(f"| base | - | no record for seeds {', '.join(seeds)}: `dvc repro evaluate@base` "
+        print(f"| base | - | no record for seeds {', '.join(seeds)}: `dvc repro evaluate_base` "
               "| - | - | - | - | - | - | - |")
     missing = []
     for method in methods:

@@ -1,36 +1,85 @@
-"""Benchmark: training step times per method, side by side in one process.
+"""Benchmark: training step times and host syncs per method, side by side in one process.
 
     .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6] \
-        [--methods grpo,mar_grpo] [--device auto] [--dtype float32] [-S train.group_size=4]
+        [--methods grpo_frozen,mar_grpo] [--device auto] [--dtype float32] [--no-legacy] \
+        [-S train.group_size=4]
 
 For a profile, merge it into a copy first (scripts/gpu_check.sh does):
     cp params.yaml /tmp/p.yaml && python -m pipeline.profile params_gpu.yaml --params /tmp/p.yaml --apply
 
-Each method after the first is compared with the first (any method of params.yaml). On the
-CPU (or with --legacy) every method also runs with the old per-image-generator rollout
-noise (margrpo.benchtools.legacy_rollout), so the old and new step times print side by
-side. All trainers start from the same base model and alternate steps (so machine load hits
-them alike); a step is rollout + reward + selection/estimator draws + loss + update.
-Targets (issues): MAR-GRPO / GRPO <= 1.3 at num_trajectories=4, k=0.3; a 512-image step
-<= 1.0 s on one H200; on the CPU no step slower than the old path by more than 5%.
+Each method after the first is compared with the first (any method of params.yaml; the
+default pair differs only by the multi-trajectory estimate, both with a frozen head). All
+trainers start from the same base model and alternate steps, so machine load hits them
+alike; a step is rollout + reward + selection/estimator draws + loss + update; step 0 is a
+warm-up and the gradient probe is off. Per step it prints the median wall-clock seconds and
+the median CPU seconds of this process (on a machine shared with other jobs the wall clock
+also measures them; the CPU seconds are this process's own work), and the ratios of both.
+
+Host syncs: one more step per method under margrpo.hostsync.HostSyncCounter, which counts
+the reads of device values the project's code makes (item, tolist, bool / float / int,
+nonzero, boolean-mask indexing, copies to the CPU), on any device, the CPU included; the
+busiest sites print with --syncs-detail. On CUDA the same step also runs under
+torch.cuda.set_sync_debug_mode("warn"), whose warnings (every synchronising CUDA call,
+those inside torch included) are counted too.
+
+On the CPU (unless --no-legacy) every method also runs with the old per-image-generator
+rollout noise (margrpo.benchtools.legacy_rollout), so the old and new noise print side by
+side. Targets (issues): MAR-GRPO / GRPO-frozen <= 1.3 at num_trajectories=4, k=0.3; a
+512-image step <= 1.0 s on one H200; on the CPU no step slower than the old noise by more
+than 5%.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import time
+import warnings
 
-from margrpo.benchtools import add_runtime_args, legacy_rollout, median, report_memory, resolve, timed
+import torch
+
+from margrpo.benchtools import add_runtime_args, legacy_rollout, median, report_memory, resolve, sync
 from margrpo.config import load_params, parse_overrides
+from margrpo.hostsync import HostSyncCounter
 from margrpo.rl.trainer import Trainer
 from margrpo.world.prompts import make_prompt_set
+
+
+def timed_step(trainer: Trainer, device: torch.device) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of this process, rollout seconds) of one training step."""
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = trainer.train_step()
+    sync(device)
+    return time.perf_counter() - wall, time.process_time() - cpu, out["time/rollout"]
+
+
+def count_syncs(trainer: Trainer, device: torch.device) -> tuple[HostSyncCounter, int | None]:
+    """One step under the counter (and, on CUDA, the sync debug mode's warnings)."""
+    # The samplers' noise tables are CPU tensors in every run: reading them costs nothing.
+    tables = [v for pol in (trainer.policy, trainer.ref) if pol is not None
+              for v in vars(pol.sampler).values() if torch.is_tensor(v)]
+    cuda_syncs = None
+    with contextlib.ExitStack() as stack:
+        if device.type == "cuda":
+            caught = stack.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            stack.callback(torch.cuda.set_sync_debug_mode, "default")
+        with HostSyncCounter(tables) as counter:
+            trainer.train_step()
+    if device.type == "cuda":
+        cuda_syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return counter, cuda_syncs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--methods", default="grpo,mar_grpo")
+    ap.add_argument("--methods", default="grpo_frozen,mar_grpo")
     ap.add_argument("--legacy", action="store_true", help="time the old rollout noise on CUDA too")
+    ap.add_argument("--no-legacy", action="store_true", help="skip the old rollout noise on the CPU")
+    ap.add_argument("--syncs-detail", type=int, default=0, metavar="N", help="print the N busiest read sites")
     ap.add_argument("-S", dest="sets", action="append", default=[], help="dotted key=value override")
     add_runtime_args(ap)
     a = ap.parse_args()
@@ -39,33 +88,42 @@ def main() -> None:
     prompts = make_prompt_set("train", params.world.train_prompts_per_tag, params.world.seed)
     names = a.methods.split(",")
     variants = {"new": contextlib.nullcontext}
-    if device.type == "cpu" or a.legacy:
+    if (device.type == "cpu" and not a.no_legacy) or a.legacy:
         variants["old"] = legacy_rollout
     trainers = {(n, v): Trainer.from_params(params, n, 0, prompts) for n in names for v in variants}
+    for tr in trainers.values():  # the probe is an occasional diagnostic, not the step
+        tr.tcfg = tr.tcfg.model_copy(update={"grad_probe_every": 0})
     t = params.train
-    print(f"{device} ({a.dtype}); batch: {t.prompts_per_step} prompts x {t.group_size} images; loss on "
-          f"{t.loss_ar_steps or 'all'} AR steps x {t.loss_head_steps} head steps; M={params.num_trajectories}, "
-          f"k={params.k}, tau={params.tau}")
-    times: dict[tuple, list[float]] = {key: [] for key in trainers}
-    parts: dict[tuple, list[float]] = {key: [] for key in trainers}
+    print(f"{device} ({a.dtype}, {torch.get_num_threads()} threads); batch: {t.prompts_per_step} prompts x "
+          f"{t.group_size} images; loss on {t.loss_ar_steps or 'all'} AR steps x {t.loss_head_steps} head steps; "
+          f"M={params.num_trajectories}, k={params.k}, tau={params.tau}")
+    times: dict[tuple, list[tuple[float, float, float]]] = {key: [] for key in trainers}
     for s in range(a.steps + 1):
         for (n, v), tr in trainers.items():
             with variants[v]():
-                out: dict = {}
-                dt = timed(lambda: out.update(tr.train_step()), device)
+                dt = timed_step(tr, device)
             if s > 0:  # step 0 is warm-up
                 times[(n, v)].append(dt)
-                parts[(n, v)].append(out["time/rollout"])
+
+    def med(key, i: int) -> float:
+        return median([x[i] for x in times[key]])
+
     for n in names:
-        line = "  ".join(f"{v}: step {median(times[(n, v)]):.3f} s (rollout {median(parts[(n, v)]):.3f} s)"
-                         for v in variants)
+        line = "  ".join(f"{v}: step {med((n, v), 0):.3f} s wall, {med((n, v), 1):.3f} s CPU "
+                         f"(rollout {med((n, v), 2):.3f} s)" for v in variants)
         print(f"{n:>12}: {line}")
         if "old" in variants:
-            print(f"{n:>12}: new / old step time {median(times[(n, 'new')]) / median(times[(n, 'old')]):.3f} "
-                  "(target <= 1.05 on the CPU)")
+            print(f"{n:>12}: new / old step time {med((n, 'new'), 0) / med((n, 'old'), 0):.3f} wall, "
+                  f"{med((n, 'new'), 1) / med((n, 'old'), 1):.3f} CPU (target <= 1.05 on the CPU)")
     for n in names[1:]:
-        r = median(times[(n, "new")]) / median(times[(names[0], "new")])
-        print(f"ratio {n}/{names[0]}: {r:.2f} (target <= 1.3)")
+        print(f"ratio {n}/{names[0]}: {med((n, 'new'), 0) / med((names[0], 'new'), 0):.2f} wall, "
+              f"{med((n, 'new'), 1) / med((names[0], 'new'), 1):.2f} CPU (target <= 1.3)")
+    for n in names:
+        counter, cuda_syncs = count_syncs(trainers[(n, "new")], device)
+        extra = f", {cuda_syncs} CUDA syncs (sync debug mode)" if cuda_syncs is not None else ""
+        print(f"{n:>12}: {counter.total} host syncs per step{extra}")
+        for site, k in counter.sites.most_common(a.syncs_detail):
+            print(f"{'':>14}{k:>4}  {site}")
     report_memory(device)
 
 

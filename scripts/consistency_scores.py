@@ -17,12 +17,11 @@ pixels (a channel below pixel 0.5) and of background pixels of the final images.
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
 from margrpo.rl.selection import consistency_score
@@ -61,17 +60,15 @@ def row(label: str, s: torch.Tensor) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
+    ap = script_parser(__doc__)
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--images", type=int, default=64, help="images per batch (one prompt each)")
     ap.add_argument("--seed", type=int, default=0, help="prompt and image-seed draws")
     ap.add_argument("--reference", type=float, default=None, help="override the policy's consistency_reference")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
     t0 = time.time()
-    params = load_params(a.params, parse_overrides(a.overrides))
+    params = params_from_args(a)
     policy = load_model(params.model.checkpoint, params)
     ref = policy.consistency_reference if a.reference is None else a.reference
     prompts = [r["prompt"] for r in read_jsonl("prompts/world_train.jsonl")]

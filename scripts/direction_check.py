@@ -14,18 +14,17 @@ following that batch's gradient; it is positive on average iff the gradient carr
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.rl.trainer import Trainer
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__)
     ap.add_argument("--method", default="mar_grpo")
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--accumulate", type=int, default=1, help="training batches summed into each gradient")
@@ -34,11 +33,9 @@ def main() -> None:
     ap.add_argument("--norm-step", type=float, default=1.0, help="L2 size of the raw-gradient step")
     ap.add_argument("--sign-lr", type=float, default=5e-4, help="per-weight size of the sign step")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
-    params = load_params(a.params, parse_overrides(a.overrides))
+    params = params_from_args(a)
     train = read_jsonl("prompts/world_train.jsonl")
     tr = Trainer.from_params(params, a.method, a.seed, train)
     policy, reward = tr.policy, tr.reward

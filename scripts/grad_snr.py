@@ -17,10 +17,9 @@ loss-backward seconds for a full batch.
 """
 from __future__ import annotations
 
-import argparse
 import time
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.rl.gradprobe import flat_grad, group_halves, pair_stats
 from margrpo.rl.trainer import Trainer
@@ -48,18 +47,16 @@ def measure(tr: Trainer, batches: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__, overrides_help="dotted key=value (all variants)")
     ap.add_argument("--method", default="mar_grpo")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batches", type=int, default=6)
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value (all variants)")
     ap.add_argument("--variant", action="append", required=True, help="name:key=value,key=value")
     a = ap.parse_args()
     print(f"{'variant':28s} {'snr':>8s} {'cos':>7s} {'signal':>10s} {'noise':>10s} {'bwd_s':>6s} {'ess':>5s}")
     for v in a.variant:
         name, _, rest = v.partition(":")
-        params = load_params(a.params, parse_overrides(a.overrides + [x for x in rest.split(",") if x]))
+        params = params_from_args(a, after=[x for x in rest.split(",") if x])
         tr = Trainer.from_params(params, a.method, a.seed, read_jsonl("prompts/world_train.jsonl"))
         r = measure(tr, a.batches)
         print(f"{name:28s} {r['snr']:8.4f} {r['cos']:7.4f} {r['signal']:10.3e} {r['noise']:10.3e} "

@@ -17,13 +17,12 @@ Prints, per seed: raw z, paired z, and the rise / standard error of each.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.report.learning import reward_rise
 from margrpo.rl.trainer import Trainer
@@ -40,17 +39,15 @@ def base_rewards(params, method: str, seed: int, steps: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__)
     ap.add_argument("--method", default="grpo_frozen")
     ap.add_argument("--runs", default=None,
                     help="folder of a seed's history.jsonl, with {seed} (default: the study's reports/train/<method>/seeds/seed{seed})")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default: params train.seeds")
     ap.add_argument("--window", type=int, default=10)
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
-    params = load_params(a.params, parse_overrides(a.overrides))
+    params = params_from_args(a)
     runs = a.runs or f"reports/train/{a.method}/seeds/seed{{seed}}"
     print("| seed | steps | raw z (rise, se) | paired z (rise, se) | step-1 run - base |")
     print("|---|---|---|---|---|")

@@ -12,14 +12,13 @@ per checkpoint on stdout.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import time
 
 import torch
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.device import place
 from margrpo.models.loading import configure, new_model
@@ -48,15 +47,12 @@ def colour_following(model, per_colour: int = 16) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=int, default=1000)
-    ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--save", default=None, help="folder for the final EMA model (save_pretrained)")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
-    items = [f"pretrain.steps={a.steps}", f"pretrain.decay_steps={a.steps // 5}", *a.overrides]
-    params = load_params(a.params, parse_overrides(items))
+    params = params_from_args(a, before=[f"pretrain.steps={a.steps}", f"pretrain.decay_steps={a.steps // 5}"])
     metas = [m for m in read_jsonl("prompts/world_heldout.jsonl") if m.get("tag")]
     heldout = heldout_evaluator(params, metas, 4, batch_size=64)
     t0 = time.time()

@@ -16,31 +16,28 @@ at each batch size; a training run's step-to-step spread above it is the policy'
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics as st
 
 import torch
 from tqdm import tqdm
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
 from margrpo.rl.trainer import Trainer, batch_metrics
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__)
     ap.add_argument("--policy", required=True, help="a saved policy folder (a run's final/ or best/)")
     ap.add_argument("--method", default="grpo_frozen")
     ap.add_argument("--seed", type=int, default=0, help="the trainer's generators (prompts, image seeds)")
     ap.add_argument("--batches", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=8, help="prompts per batch (x train.group_size images)")
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
-    params = load_params(a.params, parse_overrides(a.overrides) | {
+    params = params_from_args(a, fixed={
         f"methods.{a.method}.paired_base": True, "train.prompts_per_step": a.prompts,
         f"methods.{a.method}.batch_factor": 1})
     tr = Trainer.from_params(params, a.method, a.seed, read_jsonl("prompts/world_train.jsonl"), checkpoint=a.policy)

@@ -14,11 +14,10 @@ the mean training reward since the previous evaluation; the curve is the run's e
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
-from margrpo.config import load_params, parse_overrides
+from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.rl.loop import train
 from margrpo.rl.trainer import Trainer
@@ -26,19 +25,17 @@ from margrpo.study import heldout_evaluator
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(__doc__)
     ap.add_argument("--method", default="mar_grpo")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--images", type=int, default=8, help="images per held-out prompt")
-    ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--name", default=None)
     ap.add_argument("--save", default=None, help="folder for the final policy (save_pretrained)")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="dotted key=value")
     a = ap.parse_args()
 
-    params = load_params(a.params, parse_overrides(a.overrides) | {
+    params = params_from_args(a, fixed={
         "train.steps": a.steps, "train.eval_every": a.eval_every, "train.eval_images_per_prompt": a.images})
     name = a.name or "_".join([a.method, f"s{a.seed}", *(o.replace("/", "") for o in a.overrides)])
     out = Path("outputs/probes") / name

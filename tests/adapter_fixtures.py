@@ -6,7 +6,11 @@ Harmon's KL-16 layout); the tokenizer is a word-level `tokenizers` model.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+from safetensors.torch import save_file
 
 from margrpo.models.harmon.loading import build_harmon
 from margrpo.models.nova import NOVAPolicy, NOVATransformer
@@ -71,6 +75,27 @@ def tiny_harmon(seed: int = 0, **sampling):
     torch.manual_seed(seed)
     tok = word_tokenizer()
     return build_harmon(tiny_harmon_config(len(tok)), tok, image_size=64, **sampling).eval()
+
+
+def save_published_nova(policy, root: Path) -> None:
+    """Write a tiny policy in the layout of a published NOVA folder."""
+    (root / "transformer").mkdir(parents=True)
+    (root / "transformer" / "config.json").write_text(json.dumps(TINY_NOVA))
+    save_file(policy.transformer.state_dict(), str(root / "transformer" / "diffusion_pytorch_model.safetensors"))
+    policy.text_encoder.save_pretrained(root / "text_encoder")
+    policy.tokenizer.save_pretrained(root / "tokenizer")
+    policy.vae.save_pretrained(root / "vae")
+    (root / "scheduler").mkdir()
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({"shift": 1.0}))
+    (root / "model_index.json").write_text("{}")
+
+
+def save_published_harmon(policy, root: Path) -> None:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(tiny_harmon_config(len(policy.tokenizer))))
+    state = {k: v for k, v in policy.state_dict().items() if k != "llm.lm_head.weight"}  # tied, stored once
+    save_file({k: v.contiguous() for k, v in state.items()}, str(root / "model.safetensors"))
+    policy.tokenizer.save_pretrained(root)
 
 
 class Brightness:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from margrpo.models.adapters_common import parameter_manifest
 from margrpo.models.chains import recompute_log_probs
@@ -19,7 +19,7 @@ from margrpo.rl.plan import plan_tokens, speculative_steps_needed
 from margrpo.rl.trainer import Batch, Trainer
 from margrpo.world.prompts import make_prompt_set
 
-from adapter_fixtures import TINY_NOVA, Brightness, tiny_harmon, tiny_harmon_config, tiny_nova, word_tokenizer
+from adapter_fixtures import TINY_NOVA, Brightness, save_published_harmon, save_published_nova, tiny_harmon, tiny_nova
 from conftest import tiny_params
 
 DATA = Path(__file__).parent / "data"
@@ -127,27 +127,6 @@ def test_harmon_full_size_matches_the_official_manifest():
     assert sum(torch.Size(s).numel() for s in ours.values()) > 1.5e9
 
 
-def save_published_nova(policy, root: Path) -> None:
-    """Write a tiny policy in the layout of a published NOVA folder."""
-    (root / "transformer").mkdir(parents=True)
-    (root / "transformer" / "config.json").write_text(json.dumps(TINY_NOVA))
-    save_file(policy.transformer.state_dict(), str(root / "transformer" / "diffusion_pytorch_model.safetensors"))
-    policy.text_encoder.save_pretrained(root / "text_encoder")
-    policy.tokenizer.save_pretrained(root / "tokenizer")
-    policy.vae.save_pretrained(root / "vae")
-    (root / "scheduler").mkdir()
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({"shift": 1.0}))
-    (root / "model_index.json").write_text("{}")
-
-
-def save_published_harmon(policy, root: Path) -> None:
-    root.mkdir(parents=True)
-    (root / "config.json").write_text(json.dumps(tiny_harmon_config(len(policy.tokenizer))))
-    state = {k: v for k, v in policy.state_dict().items() if k != "llm.lm_head.weight"}  # tied, stored once
-    save_file({k: v.contiguous() for k, v in state.items()}, str(root / "model.safetensors"))
-    policy.tokenizer.save_pretrained(root)
-
-
 def adapter_params(kind: str, weights: Path, **over):
     return tiny_params(**{"model.kind": kind, "model.weights": str(weights), **over})
 
@@ -157,10 +136,17 @@ def test_published_folder_loads_and_replays(tmp_path, kind):
     policy = tiny_policy(kind)
     save = save_published_nova if kind == "nova" else save_published_harmon
     save(policy, tmp_path / "w")
-    extra = {"model.image_size": 64} if kind == "harmon" else {}
+    extra = {"model.image_size": 64, "model.llm_dtype": "float32"} if kind == "harmon" else {"model.llm_dtype": "float32"}
     loaded = load_model(tmp_path / "none", adapter_params(kind, tmp_path / "w", **extra))
     seeds = torch.tensor([5, 6])
-    assert torch.equal(policy.rollout(PROMPTS[:2], seeds=seeds).images, loaded.rollout(PROMPTS[:2], seeds=seeds).images)
+    images = policy.rollout(PROMPTS[:2], seeds=seeds).images
+    assert torch.equal(images, loaded.rollout(PROMPTS[:2], seeds=seeds).images)
+    assert loaded.gradient_checkpointing  # the default at the published sizes (docs/models.md)
+    if kind == "nova":  # by default the frozen Phi text encoder is stored in bfloat16: same images up to rounding
+        half = load_model(tmp_path / "none", adapter_params(kind, tmp_path / "w"))
+        assert {p.dtype for p in half.text_encoder.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in half.transformer.parameters()} == {torch.float32}
+        torch.testing.assert_close(half.rollout(PROMPTS[:2], seeds=seeds).images, images, atol=0.05, rtol=0)
     # A fine-tuned state saved on top of the published weights comes back.
     with torch.no_grad():
         next(loaded.ar_parameters()).add_(1.0)
@@ -194,6 +180,21 @@ def test_parameter_groups_are_disjoint_and_text_is_frozen(kind):
     assert not any(p.requires_grad for p in policy.text_parameters())
     policy.set_text_trainable(True)
     assert text <= {id(p) for p in policy.ar_parameters()}
+
+
+def test_harmon_lora_keeps_the_frozen_llm_in_bfloat16_and_trains_float32_factors(tmp_path):
+    pytest.importorskip("peft")
+    save_published_harmon(tiny_policy("harmon"), tmp_path / "w")
+    params = adapter_params("harmon", tmp_path / "w", **{"model.image_size": 64, "model.lora_rank": 2,
+                                                         "methods.mar_grpo.estimator": "single"})
+    policy = load_model(tmp_path / "none", params)
+    assert {p.dtype for n, p in policy.llm.named_parameters() if "lora_" not in n} == {torch.bfloat16}
+    assert {p.dtype for p in policy.ar_parameters()} == {torch.float32}
+    tr = Trainer.from_params(params, "mar_grpo", 0, TRAIN_PROMPTS, policy=policy, reward=Brightness())
+    before = [p.detach().clone() for p in tr.ar_params]
+    metrics = tr.train_step()
+    assert math.isfinite(metrics["loss/policy"]) and metrics["diag/grad_norm_ar"] > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, tr.ar_params))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -37,10 +37,8 @@ def _stage_params(stage: dict) -> list[str]:
     return out
 
 
-def test_dvc_params_exist_and_ablation_keys_reach_only_the_methods_that_read_them():
-    """Every key a stage lists exists in params.yaml; a method's train stage lists the
-    top-level ablation keys only if the method reads them (uses_ablation_keys), and k only
-    if it ranks tokens by uncertainty (topk)."""
+def test_dvc_params_exist():
+    """Every key a stage of dvc.yaml lists by name exists in params.yaml."""
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     raw = shipped()
     for name, stage in dvc["stages"].items():
@@ -51,10 +49,66 @@ def test_dvc_params_exist_and_ablation_keys_reach_only_the_methods_that_read_the
             for part in key.split("."):
                 assert part in node, f"stage {name} lists params key {key!r}, not in params.yaml"
                 node = node[part]
+
+
+def test_methods_drive_the_train_and_evaluate_stages():
+    """train@<m> and evaluate@<m> exist for exactly params.yaml's methods (DVC's own
+    resolution of dvc.yaml); train@<m> lists the knobs that m reads, which are those it
+    trains with, so `-S k=...` reruns only the methods that read k; no evaluation lists a knob."""
+    from dvc.repo import Repo
+
+    from margrpo.config import KNOBS, KNOBS_OFF, READ_SLOTS
+
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     train = dvc["stages"]["train"]
-    for method, item in train["foreach"].items():
-        assert method in raw["methods"]
-        listed = set(item["ablation"]) & {"k", "tau", "num_trajectories"}
-        assert bool(listed) == raw["methods"][method].get("uses_ablation_keys", False), method
-        assert ("k" in listed) == raw["methods"][method].get("topk", False), method
-    assert "k" not in _stage_params(dvc["stages"]["evaluate"]["do"])
+    assert train["foreach"] == dvc["stages"]["evaluate"]["foreach"] == "${methods}"
+    slots = [e for e in _stage_params(train["do"]) if "item" in e]
+    assert slots == [f"${{item.reads[{i}]}}" for i in range(READ_SLOTS)]
+    params = load_params(ROOT / "params.yaml")
+    listed = {}
+    with Repo(str(ROOT)) as repo:
+        for stage in repo.index.stages:
+            listed[stage.name] = {k for d in stage.deps if hasattr(d, "params") for k in d.params}
+    methods = set(params.methods)
+    assert {n.partition("@")[2] for n in listed if n.startswith("train@")} == methods
+    assert {n.partition("@")[2] for n in listed if n.startswith("evaluate@")} == methods
+    assert "evaluate_base" in listed
+    for method in methods:
+        reads = set(listed[f"train@{method}"]) & set(KNOBS)
+        assert reads == set(params.methods[method].reads) - {"train"}, method
+        resolved = params.method(method)
+        for knob in KNOBS:
+            want = getattr(params if knob in reads else KNOBS_OFF, knob)
+            assert getattr(resolved, knob) == want, (method, knob)
+        assert not listed[f"evaluate@{method}"] & set(KNOBS), method
+    assert [m for m in methods if "k" in listed[f"train@{m}"]] == ["mar_grpo"]
+    assert listed["evaluate_base"] == listed["evaluate@grpo"]
+
+
+def test_top_level_plots_show_every_method():
+    """dvc.yaml's top-level plots (no foreach there) hold a curve per method in each training
+    plot and the sample grid of the base and of every method."""
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    methods = list(shipped()["methods"])
+    curves = {name: props for entry in dvc["plots"] if isinstance(entry, dict) for name, props in entry.items()
+              if any("reports/train/" in path for path in props.get("y", {}))}
+    assert set(curves) == {"training reward", "training KL", "AR grad norm"}
+    for name, props in curves.items():
+        assert sorted(props["y"]) == sorted(f"reports/train/{m}/curves.csv" for m in methods), name
+    grids = {entry for entry in dvc["plots"] if isinstance(entry, str) and entry.startswith("reports/eval/")}
+    assert grids == {f"reports/eval/{t}/grid.png" for t in ["base", *methods]}
+
+
+def test_validate_refuses_a_stage_list_of_methods(tmp_path):
+    """The guard accepts the shipped dvc.yaml and refuses train / evaluate stages that list
+    methods by hand instead of iterating over params.yaml's."""
+    from pipeline.validate import check_dvc_yaml
+
+    params = load_params(ROOT / "params.yaml")
+    assert check_dvc_yaml(params, ROOT / "dvc.yaml") == []
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    dvc["stages"]["evaluate"]["foreach"] = {m: {} for m in params.methods}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
+    (problem,) = check_dvc_yaml(params, tmp_path / "dvc.yaml")
+    assert problem.startswith("dvc.yaml: stage evaluate iterates over {"), problem
+    assert "fix: give it `foreach: ${methods}`" in problem, problem

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,7 +61,9 @@ def test_bfloat16_forward_passes_keep_float32_chains_and_log_probs(tiny_model):
         diff = [(recompute_log_probs(model, ro, [i])[0] - ro.steps[i].logp).abs().max() for i in range(len(ro.steps))]
     assert max(diff) <= 1e-3
     ids = model.tokenize(PROMPTS)
-    loss = model.training_loss(ro.images, ids, torch.Generator().manual_seed(0))
+    pre = tiny_params().pretrain
+    loss = model.training_loss(ro.images, ids, torch.Generator().manual_seed(0), pre.prompt_dropout,
+                               pre.diffusion_batch_mul)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     loss.backward()
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
@@ -85,16 +85,6 @@ def test_gpu_profile_sizes():
     tag_images = len(GENEVAL_TAGS) * p.world.heldout_prompts_per_tag * p.evaluate.images_per_prompt
     assert tag_images >= 2500 and 0.5 / math.sqrt(tag_images) <= 0.01
     assert p.runtime.device == "cuda"
-
-
-def test_gpu_check_plan_parses():
-    """scripts/gpu_check.sh --dry prints its plan without running anything."""
-    out = subprocess.run(["bash", str(REPO / "scripts/gpu_check.sh"), "--dry"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
-    assert out.returncode == 0, out.stderr
-    for part in ("pytest -m cuda", "bench_sampling.py", "bench_step_time.py", "rl_probe.py --method grpo_frozen",
-                 "rl_probe.py --method mar_grpo"):
-        assert part in out.stdout, part
 
 
 # ---- on a GPU ---------------------------------------------------------------------------

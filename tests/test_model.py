@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from margrpo.models.chains import guided_output, recompute_log_probs
-from margrpo.models.loading import load_model, new_model, save_base
+from margrpo.models.loading import load_model, new_model, save_base, tiny_config
 from margrpo.models.mar import TinyMAR, mask_schedule
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.samplers import FlowSDESampler
@@ -111,7 +111,7 @@ def test_bad_inputs_are_clear(tiny_model):
     with pytest.raises(ValueError, match="unknown word 'dog'"):
         tiny_model.rollout(["a dog"])
     with pytest.raises(ValueError, match="not divisible by patch_size"):
-        TinyMAR(vocab=["a"], image_size=30, patch_size=8)
+        TinyMAR(**{**tiny_config(tiny_params(), ["a"]), "image_size": 30})
     with pytest.raises(ValueError, match="AR steps must be in"):
         mask_schedule(16, 17)
     with pytest.raises(ValueError, match="seeds must have shape"):
@@ -153,10 +153,12 @@ def test_training_loss_decreases_on_one_batch(tiny_model):
     gen = torch.Generator().manual_seed(0)
     images, prompts = WorldBatches(32).sample(8, gen)
     ids = tiny_model.tokenize(prompts)
+    pre = tiny_params().pretrain
     opt = torch.optim.Adam(tiny_model.parameters(), lr=3e-3)
     losses = []
     for _ in range(30):
-        loss = tiny_model.training_loss(images, ids, torch.Generator().manual_seed(1))
+        loss = tiny_model.training_loss(images, ids, torch.Generator().manual_seed(1), pre.prompt_dropout,
+                                        pre.diffusion_batch_mul)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -126,6 +126,14 @@ FILE_CASES = [
     ("unknown_nested", lambda t: add_key(t, "world", "seeed", "1"), "world.seeed"),
     ("unknown_method_key", lambda t: add_key(t, "methods.mar_grpo", "topkk", "true"), "methods.mar_grpo.topkk"),
     ("method_missing_key", lambda t: drop_key(t, "methods.grpo.freeze_head"), "methods.grpo.freeze_head"),
+    ("method_missing_reads", lambda t: drop_key(t, "methods.grpo.reads"), "methods.grpo.reads"),
+    ("reads_short", lambda t: set_key(t, "methods.grpo.reads", "[train, train]"), "methods.grpo.reads"),
+    ("reads_not_a_list", lambda t: set_key(t, "methods.grpo.reads", "k"), "methods.grpo.reads"),
+    ("reads_unknown", lambda t: set_key(t, "methods.mar_grpo.reads", "[k, tau, M]"), "methods.mar_grpo.reads.2"),
+    ("reads_twice", lambda t: set_key(t, "methods.mar_grpo.reads", "[k, k, num_trajectories]"),
+     "methods.mar_grpo.reads"),
+    ("reads_misses_used_knob", lambda t: set_key(t, "methods.grpo_frozen_spec.reads", "[train, train, train]"),
+     "methods.grpo_frozen_spec.reads"),
     ("methods_empty", lambda t: bad_methods(t, " {}"), "methods"),
     ("reward_weight_zero", lambda t: reward_entry(t, "{name: world, weight: 0, mode: partial}"), "rewards.0.weight"),
     ("reward_total_negative", lambda t: rewards_block(t, "  - {name: world, weight: -1.0, mode: partial}"), "rewards"),
@@ -284,7 +292,39 @@ def test_code_defaults_are_the_study_values():
 
 def test_every_field_has_the_study_default_or_none():
     """Fields without a default are exactly those params.yaml must give (methods; a method's
-    freeze_head); every other field's default is set."""
+    freeze_head and reads, which dvc.yaml reads from the file); every other field's default is set."""
+    from margrpo.config import MethodConfig
+
     required = {name for name, f in Params.model_fields.items() if f.is_required()}
     assert required == {"methods"}
-    assert parse_params({"methods": {"m": {"freeze_head": True}}}).methods["m"].estimator == "single"
+    assert {name for name, f in MethodConfig.model_fields.items() if f.is_required()} == {"freeze_head", "reads"}
+    method = {"freeze_head": True, "reads": ["train"] * 3}
+    assert parse_params({"methods": {"m": method}}).methods["m"].estimator == "single"
+
+
+def test_every_key_is_documented_in_the_schema():
+    """Each key's Field carries its description: the one place a key is documented."""
+    from pydantic import BaseModel
+
+    from margrpo.config import MethodConfig
+
+    def undocumented(model: type[BaseModel], prefix: str) -> list[str]:
+        out = []
+        for name, field in model.model_fields.items():
+            inner = field.annotation
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                out += undocumented(inner, f"{prefix}{name}.")
+            elif not field.description:
+                out.append(prefix + name)
+        return out
+
+    assert undocumented(Params, "") + undocumented(MethodConfig, "methods.<name>.") == []
+
+
+def test_reads_refusals_name_the_knob_and_the_fix():
+    with pytest.raises(ParamsError, match=r"methods.m.reads: missing: .*\n    fix: add `reads: \[train, train, "
+                       r"train\]`"):
+        parse_params({"methods": {"m": {"freeze_head": True}}})
+    with pytest.raises(ParamsError, match=r"leaves out tau, which this method uses \(consistency: true filters tokens "
+                       r"by tau\)\n    fix: name tau in reads in place of train"):
+        parse_params({"methods": {"m": {"freeze_head": True, "consistency": True, "reads": ["train"] * 3}}})

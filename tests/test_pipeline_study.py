@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 METHODS = tuple(yaml.safe_load((REPO / "params.yaml").read_text())["methods"])
 STAGES = {"validate", "prepare_prompts", "pretrain_base", "sample_baseline", *(f"train@{m}" for m in METHODS),
-          "evaluate@base", *(f"evaluate@{m}" for m in METHODS), "report"}
+          "evaluate_base", *(f"evaluate@{m}" for m in METHODS), "report"}
 ABLATION = {"validate", "train@mar_grpo", "evaluate@mar_grpo", "report"}
 # One long-running seed with frequent checkpoints, so a kill lands mid-training, as two
 # torchrun ranks (the default runtime.nproc): the stage process launches torchrun, rank 0
@@ -141,8 +141,8 @@ def _snapshot(root: Path) -> dict:
 
 def _checkpoint(root: Path, method: str, overrides: dict) -> Path:
     """Where train@<method> seed 0 would resume from with these params overrides."""
-    code = ("import json, sys; from margrpo.config import load_params; from pipeline import common; "
-            "p = load_params('params.yaml', json.loads(sys.argv[1])); print(common.checkpoint_dir(p, sys.argv[2], 0))")
+    code = ("import json, sys; from margrpo.config import load_params; from pipeline.train import checkpoint_dir; "
+            "p = load_params('params.yaml', json.loads(sys.argv[1])); print(checkpoint_dir(p, sys.argv[2], 0))")
     return root / run(root, "python", "-c", code, json.dumps(overrides), method).stdout.strip()
 
 

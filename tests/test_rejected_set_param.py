@@ -74,12 +74,17 @@ REJECTED = [
     (["model.kind=nova", "model.weights=/nonexistent/nova"], "model.weights: /nonexistent/nova: no such folder"),
     (["model.checkpoint=models/nonexist"], "model.checkpoint: models/nonexist: no such folder"),
     (["rewards=[{name:nope,weight:1.0}]"], "rewards.0.name: unknown reward 'nope'"),
-    # dvc.yaml must have the methods' stages
-    (["+methods.extra={freeze_head:true}"], "methods.extra is in params.yaml but dvc.yaml has no train@extra"),
+    # what dvc.yaml's train stage lists of a method (a block without `reads` DVC itself refuses
+    # while it parses dvc.yaml, before writing params.yaml)
+    (["methods.mar_grpo.reads.0=train"], "methods.mar_grpo.reads: ['train', 'tau', 'num_trajectories'] leaves out k"),
+    (["methods.grpo.reads.1=M"], "methods.grpo.reads.1: Input should be 'k', 'tau', 'num_trajectories' or 'train'"),
+    (["+methods.extra={freeze_head:true,topk:true,reads:[k,train,train]}"],
+     "methods.extra.reads: ['k', 'train', 'train'] leaves out num_trajectories"),
     # rules the stages' code enforced only once running (validate.params_rules)
     (["runtime.nproc=3"], "runtime.nproc: 3 ranks cannot split the prompts of a training step"),
     (["runtime.nproc=32"], "runtime.nproc: 32 ranks cannot split"),
-    (["train.prompts_per_step=15"], "ranks cannot split the prompts of a training step (15 for grpo"),
+    # (with runtime.nproc auto, 15 prompts per step run as one rank: only a set count is refused)
+    (["runtime.nproc=2", "train.prompts_per_step=15"], "ranks cannot split the prompts of a training step (15 for grpo"),
     (["model.heads=5"], "model.heads: 5 heads do not divide model.width="),
     (["model.max_prompt_len=8"], "model.max_prompt_len: 8 words is shorter than the world's longest prompts"),
     (["model.patch_size=3", "world.image_size=33"], "world.image_size: 33 is odd"),

@@ -108,13 +108,20 @@ def test_transition_sum_weighs_every_scored_transition_once():
 def test_token_terms_places_each_token_set_and_zero_elsewhere():
     # S=2 head steps, B=2 images, L=3 tokens: rollout-chain terms of tokens 0 and 3, the
     # summed M=4 chain terms of tokens 1 and 5, token 2 and 4 in neither set
-    single = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    own = torch.arange(1.0, 13.0).view(2, 2, 3).requires_grad_()
+    single = torch.tensor([[True, False, False], [True, False, False]])
     chains = torch.ones(2, 4, 2) * torch.tensor([1.0, 2.0]).view(1, 1, 2)
-    terms = token_terms((2, 2, 3), [(torch.tensor([0, 3]), single), (torch.tensor([1, 5]), chains.sum(1))])
-    assert terms[0].tolist() == [[1.0, 4.0, 0.0], [2.0, 0.0, 8.0]]
-    assert terms[1].tolist() == [[3.0, 4.0, 0.0], [4.0, 0.0, 8.0]]
-    (g,) = torch.autograd.grad(terms.sum(), single)
-    assert torch.equal(g, torch.ones(2, 2))
+    terms = token_terms(own, single, [(torch.tensor([1, 5]), chains.sum(1))])
+    assert terms[0].tolist() == [[1.0, 4.0, 0.0], [4.0, 0.0, 8.0]]
+    assert terms[1].tolist() == [[7.0, 4.0, 0.0], [10.0, 0.0, 8.0]]
+    (g,) = torch.autograd.grad(terms.sum(), own)
+    assert torch.equal(g, single.float().expand(2, 2, 3))
+    # a non-finite own term outside `single` neither reaches the terms nor the gradient
+    own2 = own.detach().clone()
+    own2[:, :, 2] = float("inf")
+    own2.requires_grad_()
+    (g2,) = torch.autograd.grad(token_terms(own2, single).sum(), own2)
+    assert torch.isfinite(token_terms(own2, single)).all() and torch.equal(g2, single.float().expand(2, 2, 3))
 
 
 # ---- selection -----------------------------------------------------------------------

@@ -18,8 +18,8 @@ it before DVC deletes any output. Exit status 2 and the message, no traceback, w
 file does not validate.
 
 The three ablation knobs of method.md §3 are top-level keys (k, tau, num_trajectories) so
-that `dvc exp run -S k=0.3` works as typed; `MethodConfig.resolved` folds them into the
-MAR-GRPO method.
+that `dvc exp run -S k=0.3` works as typed; a method names the ones it reads (`reads`, which
+dvc.yaml's train stage lists as that method's params) and `Params.method` folds them into it.
 """
 from __future__ import annotations
 
@@ -46,11 +46,19 @@ CONSISTENCY_RULES = ("paper", "code")
 TOKEN_SCOPES = ("committed", "committed+speculative")
 TOPK_POOLS = ("image", "ar_step")
 MTE_SCOPES = ("loss", "committed")
-# A method's own training budget and schedule (MethodConfig), with the values that mean
-# "as train": Params.train_for folds them into the method's TrainConfig.
-BUDGET_DEFAULTS = {"steps_factor": 1, "batch_factor": 1, "lr_schedule": None, "warmup_frac": None}
+# A method's own training budget and schedule (MethodConfig fields; their defaults mean "as
+# train"): Params.train_for folds them into the method's TrainConfig.
+BUDGET_KEYS = ("steps_factor", "batch_factor", "lr_schedule", "warmup_frac")
 # Every MethodConfig field that Params.train_for folds into the method's TrainConfig.
-IN_TRAIN = (*BUDGET_DEFAULTS, "grad_probe_every")
+IN_TRAIN = (*BUDGET_KEYS, "grad_probe_every")
+# The ablation knobs (top-level keys) and the entry of a method's `reads` that names none of
+# them: `train`, which every train stage lists anyway. DVC cannot splice a list into a
+# stage's `params:`, so dvc.yaml's train stage lists `reads` entry by entry: READ_SLOTS of them.
+KNOBS = ("k", "tau", "num_trajectories")
+NO_KNOB = "train"
+READ_SLOTS = 3
+READS_FIX = ("add `reads: [train, train, train]` to the method if it reads none of k, tau, num_trajectories, "
+             "else name those it reads, e.g. [k, tau, num_trajectories] or [tau, train, train]")
 # params.model keys that must equal a checkpoint's config.json (the rest are paths).
 ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler",
              "flow_shift", "max_prompt_len")
@@ -58,17 +66,24 @@ CHECKPOINT_FIX = ("set model.checkpoint to a trained model folder (the study's m
                   "`git checkout -- models/base` restores it), or train one at {path} with `dvc repro pretrain_base`")
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
+ReadKey = Literal[(*KNOBS, NO_KNOB)]
 
 
 class MethodConfig(Strict):
     """One trained method. Vanilla GRPO and MAR-GRPO differ only here (same code path)."""
 
-    freeze_head: bool
-    estimator: Literal[ESTIMATORS] = "single"
+    freeze_head: bool = Field(description="train the AR transformer only; the diffusion head stays the base's")
+    estimator: Literal[ESTIMATORS] = Field(
+        "single", description="the log-prob gradient of a scored token: single (the rollout's chain), resample "
+        "(M fresh chains, as the paper), elbo or posterior (docs/method.md)")
     topk: bool = Field(False, description="apply the multi-trajectory estimate to the top-k uncertain tokens only")
     consistency: bool = Field(False, description="consistency-aware token selection (tau)")
-    consistency_rule: Literal[CONSISTENCY_RULES] = "paper"
-    token_scope: Literal[TOKEN_SCOPES] = "committed"
+    consistency_rule: Literal[CONSISTENCY_RULES] = Field(
+        "paper", description="consistency score of a speculative token: paper (cosine to the token finally "
+        "committed) or code (its gain over the previous step's prediction, as the authors' code)")
+    token_scope: Literal[TOKEN_SCOPES] = Field(
+        "committed", description="tokens scored at an AR step: those it commits, or also its speculative "
+        "predictions of still-masked tokens")
     topk_pool: Literal[TOPK_POOLS] = Field(
         "image", description="rank uncertainty over all of an image's loss tokens (the authors' code: one mask "
         "per image) or within each AR step")
@@ -90,23 +105,77 @@ class MethodConfig(Strict):
     paired_base: bool = Field(
         False, description="also roll out the base model (the KL reference) on each step's prompts and image "
         "seeds and log its reward (reward/base_mean, reward/vs_base): the control variate of the training-reward test")
-    uses_ablation_keys: bool = Field(False, description="read top-level k / tau / num_trajectories")
+    reads: tuple[ReadKey, ...] = Field(  # READ_SLOTS entries (_has_reads)
+        description="the top-level knobs this method trains with (k, tau, num_trajectories), padded with `train` "
+        "to three entries; dvc.yaml's train stage lists them as the method's params, so changing a knob retrains "
+        "exactly the methods that read it. A knob the method does not read is off: k 1, tau -1, num_trajectories 1")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _has_reads(cls, data: Any) -> Any:
+        # dvc.yaml reads `reads` from the file itself (no default can reach it) and lists
+        # exactly READ_SLOTS entries: name the fix rather than pydantic's tuple errors
+        if not isinstance(data, dict):
+            return data
+        if "reads" not in data:
+            raise problem("reads", f"missing: dvc.yaml's train stage lists a method's {READ_SLOTS} `reads` entries "
+                          "as its params", READS_FIX)
+        reads = data["reads"]
+        if not isinstance(reads, (list, tuple)) or len(reads) != READ_SLOTS:
+            raise problem("reads", f"{reads!r} is not a list of {READ_SLOTS} entries (dvc.yaml's train stage lists "
+                          f"{READ_SLOTS})", READS_FIX)
+        return data
+
+    @model_validator(mode="after")
+    def _reads_what_it_uses(self) -> "MethodConfig":
+        knobs = [r for r in self.reads if r != NO_KNOB]
+        if len(set(knobs)) != len(knobs):
+            raise problem("reads", f"{list(self.reads)} names a knob twice",
+                          f"name each of {', '.join(KNOBS)} at most once and fill the rest with {NO_KNOB}")
+        # the knobs the token plan (rl/plan.py) takes from a method of these settings
+        uses = {"k": self.topk, "num_trajectories": self.topk or self.estimator != "single", "tau": self.consistency}
+        unread = [k for k in KNOBS if uses[k] and k not in knobs]
+        if unread:
+            why = {"k": "topk: true ranks tokens by the top-level k",
+                   "num_trajectories": "its uncertainty or estimator chains number num_trajectories",
+                   "tau": "consistency: true filters tokens by tau"}
+            raise problem("reads", f"{list(self.reads)} leaves out {', '.join(unread)}, which this method uses "
+                          f"({'; '.join(why[k] for k in unread)})", f"name {', '.join(unread)} in reads in place "
+                          f"of {NO_KNOB}, so that changing {'it' if len(unread) == 1 else 'them'} retrains this method")
+        return self
+
+
+BUDGET_DEFAULTS = {k: MethodConfig.model_fields[k].default for k in BUDGET_KEYS}
+
+
+class Knobs(Strict):
+    """The ablation knobs of method.md §3 (top-level keys of params.yaml)."""
+
+    k: float = Field(0.3, ge=0, le=1, description="top uncertain token fraction for MTE")
+    tau: float = Field(0.0, ge=-1, le=1, description="consistency threshold (cosine)")
+    num_trajectories: int = Field(4, ge=1, description="M extra head chains")
+
+
+# What a method runs with for a knob it does not read: every token, no consistency filter, one chain.
+KNOBS_OFF = Knobs(k=1.0, tau=-1.0, num_trajectories=1)
 
 
 class TrainConfig(Strict):
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    steps: int = Field(20, ge=1)
-    prompts_per_step: int = Field(16, ge=1)
-    group_size: int = Field(8, ge=2)
-    lr: float = Field(2e-4, gt=0)
-    lr_schedule: Literal[LR_SCHEDULES] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
-    grad_clip: float = Field(1.0, gt=0)
-    inner_epochs: int = Field(1, ge=1)
-    clip_range: float = Field(0.2, gt=0)
-    beta_kl: float = Field(0.01, ge=0)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2], min_length=1,
+                                                     description="one trained model per seed and method")
+    steps: int = Field(20, ge=1, description="RL steps per seed")
+    prompts_per_step: int = Field(16, ge=1, description="prompts per step, group_size images each")
+    group_size: int = Field(8, ge=2, description="images per prompt: one GRPO group")
+    lr: float = Field(2e-4, gt=0, description="AdamW learning rate")
+    lr_schedule: Literal[LR_SCHEDULES] = Field("constant", description="LR over the run after the warm-up: "
+                                               "constant, or a cosine or linear decay to 0")
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    adam_betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip")
+    inner_epochs: int = Field(1, ge=1, description="optimiser passes over each step's rollouts")
+    clip_range: float = Field(0.2, gt=0, description="PPO clip of the probability ratio")
+    beta_kl: float = Field(0.01, ge=0, description="weight of the KL penalty to the base model")
     cfg_consistent: bool = Field(True, description="score with the guided mean; false = authors' code")
     cfg_null_grad: bool = Field(True, description="with cfg_consistent: also back-propagate through the "
                                 "null-prompt branch (the exact gradient of the guided mean)")
@@ -117,9 +186,10 @@ class TrainConfig(Strict):
     eval_every: int = Field(10, ge=0, description="held-out evaluation every N training steps (also at step 0 "
                             "and the last step; the best-scoring weights are kept); 0 = only at 0 and the end")
     eval_images_per_prompt: int = Field(4, ge=1, description="images per held-out prompt in the in-training evaluation")
-    checkpoint_every: int = Field(5, ge=1)
+    checkpoint_every: int = Field(5, ge=1, description="steps between the checkpoints a killed run resumes from")
     grad_probe_every: int = Field(20, ge=0, description="steps between gradient signal-to-noise probes (at step 0, N, 2N, ...); 0 = off")
-    max_nonfinite_in_row: int = Field(3, ge=1)
+    max_nonfinite_in_row: int = Field(3, ge=1, description="stop after this many steps in a row with a "
+                                      "non-finite loss or gradient (each is skipped)")
 
     @property
     def cfg_mode(self) -> str:
@@ -131,30 +201,56 @@ class TrainConfig(Strict):
 
 class EvaluateConfig(Strict):
     images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed")
-    seed: int = 1234
-    batch_size: int = Field(64, ge=1)
-    grid_prompts: int = Field(8, ge=1)
+    seed: int = Field(1234, description="seed of the per-image seeds, the same for every target")
+    batch_size: int = Field(64, ge=1, description="images per sampling batch of every evaluation (held-out during "
+                            "training, test, sample_baseline)")
+    grid_prompts: int = Field(8, ge=1, description="prompts shown in a sample grid (grid.png)")
 
 
 class RuntimeConfig(Strict):
-    """Where and how the model computes; applied by margrpo.models.device.place."""
+    """Where and how the model computes (margrpo.models.device.place) and over how many
+    processes and machines (margrpo.rl.launch)."""
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when PyTorch sees a GPU, else CPU")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="transformer / head forward passes; log-probs, advantages and losses stay float32")
-    nproc: int = Field(2, ge=1, description="processes (torchrun ranks) that train and evaluate data-parallel; 1 = one process")
+    nproc: int | Literal["auto"] = Field(
+        "auto", description="torchrun ranks per node that train and evaluate data-parallel (1 = one process); auto: "
+        "one per visible GPU on CUDA, 2 on the CPU, lowered until every method's prompts per step split into whole "
+        "groups per rank")
+    nnodes: int = Field(1, ge=1, description="machines of a multi-node run; a scheduler starts each stage once per "
+                        "node, and every node must see the same workspace (a shared filesystem)")
+    rdzv_endpoint: str = Field("", description="host:port of torchrun's c10d rendezvous when nnodes > 1; empty: "
+                               "$MASTER_ADDR:$MASTER_PORT (port 29500 when unset)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nproc(cls, data: Any) -> Any:
+        # one message for both forms (pydantic would report the int and the literal apart)
+        nproc = data.get("nproc", "auto") if isinstance(data, dict) else "auto"
+        if nproc != "auto" and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
+            raise problem("nproc", f"{nproc!r} is neither a positive number of ranks nor auto",
+                          "set it to auto (one rank per GPU, 2 on the CPU) or to a number of ranks >= 1")
+        return data
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> "RuntimeConfig":
+        if self.rdzv_endpoint:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise problem("rdzv_endpoint", f"{self.rdzv_endpoint!r} is not host:port",
+                              "give the first node's host name or address and a free port, e.g. node01:29500")
+        return self
 
 
-class Params(Strict):
-    k: float = Field(0.3, ge=0, le=1, description="top uncertain token fraction for MTE")
-    tau: float = Field(0.0, ge=-1, le=1, description="consistency threshold (cosine)")
-    num_trajectories: int = Field(4, ge=1, description="M extra head chains")
+class Params(Knobs):
     world: WorldConfig = WorldConfig()
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig = PretrainConfig()
     sampling: SamplingConfig = SamplingConfig()
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="world", mode="aligned")],
-                                      min_length=1)
+                                      min_length=1, description="the training reward: a weighted sum of these "
+                                      "backends (docs/backends.md)")
     train: TrainConfig = TrainConfig()
     methods: dict[str, MethodConfig] = Field(min_length=1, description="the trained methods; no default")
     evaluate: EvaluateConfig = EvaluateConfig()
@@ -218,35 +314,15 @@ class Params(Strict):
         if name not in self.methods:
             raise ParamsError(f"unknown method {name!r}; params.yaml methods: {sorted(self.methods)}")
         m = self.methods[name]
-        return ResolvedMethod(
-            name=name,
-            **m.model_dump(exclude={"uses_ablation_keys"}),
-            k=self.k if m.uses_ablation_keys else 1.0,
-            tau=self.tau if m.uses_ablation_keys else -1.0,
-            num_trajectories=self.num_trajectories if m.uses_ablation_keys else 1,
-        )
+        knobs = {key: getattr(self if key in m.reads else KNOBS_OFF, key) for key in KNOBS}
+        return ResolvedMethod(name=name, **m.model_dump(), **knobs)
 
 
-class ResolvedMethod(Strict):
+class ResolvedMethod(MethodConfig, Knobs):
+    """A method as it trains: its block of params.yaml, its name and the knobs it runs with
+    (the top-level value of each knob it reads, KNOBS_OFF's for the others)."""
+
     name: str
-    freeze_head: bool
-    estimator: str
-    topk: bool
-    consistency: bool
-    consistency_rule: str
-    token_scope: str
-    topk_pool: str
-    mte_scope: str
-    lr: float | None
-    steps_factor: int
-    batch_factor: int
-    lr_schedule: str | None
-    warmup_frac: float | None
-    grad_probe_every: int | None
-    paired_base: bool
-    k: float
-    tau: float
-    num_trajectories: int
 
 
 def parse_params(raw: Mapping[str, Any] | None, source: str = "params.yaml",

@@ -35,7 +35,7 @@ class WorldConfig(Strict):
                                       "purpose (all of a smaller pool); world/prompts.py")
     novel_prompts_per_tag: int = Field(20, ge=0, description="test split: at most this many distinct prompts per "
                                        "purpose that bind a colour to a shape no training prompt binds")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the prompt splits (stage prepare_prompts)")
 
 
 class ModelConfig(Strict):
@@ -44,23 +44,28 @@ class ModelConfig(Strict):
         "model folder at model.weights (docs/models.md)")
     weights: str | None = Field(None, description="nova / harmon: local path of the published model folder")
     checkpoint: str = Field("models/base", description="folder with config.json + safetensors")
-    patch_size: int = Field(8, ge=1)
-    width: int = Field(192, ge=16)
-    depth: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    cond_dim: int = Field(192, ge=8)
-    head_width: int = Field(256, ge=16)
-    head_depth: int = Field(3, ge=1)
-    sampler: Literal[SAMPLERS] = "flow"
+    patch_size: int = Field(8, ge=1, description="pixels per side of a token's patch (32 px / 8 = 16 tokens)")
+    width: int = Field(192, ge=16, description="AR transformer width")
+    depth: int = Field(4, ge=1, description="AR transformer blocks")
+    heads: int = Field(4, ge=1, description="attention heads of the AR transformer (must divide width)")
+    cond_dim: int = Field(192, ge=8, description="size of the condition z the AR transformer gives the head per token")
+    head_width: int = Field(256, ge=16, description="diffusion head width")
+    head_depth: int = Field(3, ge=1, description="diffusion head residual blocks (AdaLN)")
+    sampler: Literal[SAMPLERS] = Field("flow", description="the head's noise process: ddpm, or flow (a "
+                                       "flow-matching SDE with a shifted sigma grid)")
     flow_shift: float = Field(3.0, gt=0, description="flow sampler only: sigma shift (>1 spends more "
                               "training and sampling on high noise, where a token's colour and shape are decided)")
-    max_prompt_len: int = Field(16, ge=4)
+    max_prompt_len: int = Field(16, ge=4, description="prompt words the TinyMAR reads (shorter prompts are padded)")
     # ---- nova / harmon adapters only (docs/models.md)
     image_size: int | None = Field(None, ge=16, description="harmon: generated image size in pixels (None: the "
                                    "authors' 512); nova takes it from its transformer config")
-    gradient_checkpointing: bool = Field(False, description="recompute the AR transformer's activations in backward")
+    gradient_checkpointing: bool = Field(True, description="recompute the AR transformer's activations in "
+                                         "backward (docs/models.md: what fits on 80 GB with and without)")
     transformer_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="autocast dtype of the AR transformer; head chains and log-probs stay float32")
+    llm_dtype: Literal["float32", "bfloat16"] = Field(
+        "bfloat16", description="storage dtype of the language model where it is frozen: NOVA's Phi-2 text "
+        "encoder, Harmon's Qwen2 under LoRA (trained weights stay float32)")
     lora_rank: int = Field(0, ge=0, description="LoRA rank (peft) on the AR transformer's linear layers; 0 = off")
     lora_alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (scale = alpha / rank)")
     train_text_encoder: bool = Field(False, description="also train the text encoder (frozen by default)")
@@ -68,7 +73,8 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _adapter_keys(self) -> "ModelConfig":
         if self.kind == "tiny":
-            set_keys = [k for k, default in _ADAPTER_DEFAULTS.items() if getattr(self, k) != default]
+            fields = type(self).model_fields
+            set_keys = [k for k in ADAPTER_KEYS if getattr(self, k) != fields[k].default]
             if set_keys:
                 raise problem(set_keys[0], "applies to model.kind nova or harmon only (model.kind is tiny)",
                                "remove it or set model.kind")
@@ -80,31 +86,35 @@ class ModelConfig(Strict):
         return self
 
 
-_ADAPTER_DEFAULTS = {"weights": None, "image_size": None, "gradient_checkpointing": False,
-                     "transformer_dtype": "float32", "lora_rank": 0, "train_text_encoder": False}
+# ModelConfig keys that only the nova / harmon adapters read: a tiny model refuses any not at its default.
+ADAPTER_KEYS = ("weights", "image_size", "gradient_checkpointing", "transformer_dtype", "llm_dtype", "lora_rank",
+                "lora_alpha", "train_text_encoder")
 
 
 class PretrainConfig(Strict):
-    steps: int = Field(6000, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(300, ge=1)
+    steps: int = Field(6000, ge=1, description="optimiser steps")
+    batch_size: int = Field(64, ge=1, description="images per step")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate after the warm-up")
+    warmup_steps: int = Field(300, ge=1, description="linear LR warm-up steps")
     decay_steps: int = Field(1200, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
-    weight_decay: float = Field(0.02, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    ema_decay: float = Field(0.999, ge=0, lt=1)
-    prompt_dropout: float = Field(0.1, ge=0, lt=1)
-    diffusion_batch_mul: int = Field(2, ge=1)
-    seed: int = 0
-    log_every: int = Field(50, ge=1)
-    compile: bool = True
+    weight_decay: float = Field(0.02, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip")
+    ema_decay: float = Field(0.999, ge=0, lt=1, description="decay of the weights' moving average, which is "
+                             "the saved model")
+    prompt_dropout: float = Field(0.1, ge=0, lt=1, description="probability of training on the null prompt (the "
+                                  "unconditional branch of classifier-free guidance)")
+    diffusion_batch_mul: int = Field(2, ge=1, description="noise draws per masked token and step")
+    seed: int = Field(0, description="seed of the data, mask and noise draws")
+    log_every: int = Field(50, ge=1, description="steps between logged losses")
+    compile: bool = Field(True, description="torch.compile of encoder and head (in place; the checkpoint is "
+                          "unchanged)")
 
 
 class SamplingConfig(Strict):
-    num_ar_steps: int = Field(4, ge=1)
-    head_steps: int = Field(20, ge=2)
-    cfg_scale: float = Field(3.0, ge=0)
-    temperature: float = Field(1.0, gt=0)
+    num_ar_steps: int = Field(4, ge=1, description="AR steps per image (MAR's cosine schedule of committed tokens)")
+    head_steps: int = Field(20, ge=2, description="diffusion head steps per committed token")
+    cfg_scale: float = Field(3.0, ge=0, description="classifier-free guidance scale")
+    temperature: float = Field(1.0, gt=0, description="scale of the head's sampling noise")
 
 
 class RewardSpec(BaseModel):

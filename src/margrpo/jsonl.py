@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from margrpo.atomic import write_text
+
 
 class JsonlError(ValueError):
     """A JSON-lines file that cannot be read; the message names the file and the line."""
@@ -48,10 +50,4 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> None:
     """Write rows, one JSON object per line, atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
+    write_text("".join(json.dumps(row) + "\n" for row in rows), path)

@@ -33,13 +33,13 @@ class SeededNoise:
     stream, so speculation never changes the image."""
 
     def order(self, seeds: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        """[B, N] long: the commit order of every image."""
+        """[B, N] long: the commit order of every image, on the seeds' device."""
         return counter_noise.token_order(seeds, num_tokens)
 
     def step(self, seeds: torch.Tensor, step: int, num_steps: int, n: int, m: int, d: int):
         """Chain noise of AR step `step`: committed [T+1, B, n, D] and speculative
         [T+1, B, m, D] (None when m = 0), addressed by each token's slot in the step."""
-        slots = torch.arange(max(n, m)).expand(len(seeds), -1)  # [B, max(n, m)]
+        slots = torch.arange(max(n, m), device=seeds.device).expand(len(seeds), -1)  # [B, max(n, m)]
         commit = counter_noise.chain_noise(seeds, step, slots[:, :n], num_steps + 1, d)
         spec = counter_noise.chain_noise(seeds, step, slots[:, :m], num_steps + 1, d, counter_noise.SPECULATIVE) if m else None
         return commit, spec
@@ -118,15 +118,32 @@ class MARAdapter(RolloutMixin, nn.Module):
         for m in self.ar_modules():
             m.requires_grad_(False)
         inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_regex), self)
+        # peft gives the factors their base layer's dtype; on bfloat16 base weights
+        # (model.llm_dtype) AdamW would round their small updates away: keep them float32.
+        for name, p in self.named_parameters():
+            if "lora_" in name and p.dtype != torch.float32:
+                p.data = p.data.float()
 
     def apply_options(self, *, gradient_checkpointing: bool = False, transformer_dtype: str = "float32",
                       lora_rank: int = 0, lora_alpha: float = 16.0, train_text_encoder: bool = False) -> None:
-        """The memory / trainability knobs of params.model (config.py documents them)."""
+        """The memory / trainability knobs of params.model (config_sections.py documents them)."""
         self.gradient_checkpointing = gradient_checkpointing
         self.ar_dtype = {"float32": None, "bfloat16": torch.bfloat16}[transformer_dtype]
         self.set_text_trainable(train_text_encoder)
         if lora_rank:
             self.enable_lora(lora_rank, lora_alpha, self.lora_targets)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the policy computes (its head's device; `place` moves everything together)."""
+        return next(self.head_module().parameters()).device
+
+    def set_precision(self, dtype: torch.dtype) -> None:
+        """runtime.dtype (models/device.place): bfloat16 runs the AR transformer under bfloat16
+        autocast, as model.transformer_dtype does; float32 keeps model.transformer_dtype's
+        choice. Head chains, log-probs and the loss stay float32 either way."""
+        if dtype != torch.float32:
+            self.ar_dtype = dtype
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The state a fine-tuned policy changes: everything but the frozen text encoder
@@ -153,8 +170,7 @@ class MARAdapter(RolloutMixin, nn.Module):
         """Autocast context of the AR transformer (bf16 when model.transformer_dtype says so)."""
         if self.ar_dtype is None or self.ar_dtype == torch.float32:
             return contextlib.nullcontext()
-        device = next(self.parameters()).device.type
-        return torch.autocast(device_type=device, dtype=self.ar_dtype)
+        return torch.autocast(device_type=self.device.type, dtype=self.ar_dtype)
 
     def run_block(self, block: nn.Module, *args):
         """One transformer block, recomputed in backward when gradient checkpointing is on."""
@@ -175,7 +191,8 @@ class MARAdapter(RolloutMixin, nn.Module):
         return len(self.schedule)
 
     def token_order(self, seeds: torch.Tensor) -> torch.Tensor:
-        return self.noise.order(seeds, self.num_tokens)
+        """[B, N] on the policy's device: the rollout builds its canvas where the order is."""
+        return self.noise.order(seeds.to(self.device), self.num_tokens)
 
     def step_noise(self, seeds: torch.Tensor, i: int, idx: torch.Tensor, rest: torch.Tensor | None):
         m = 0 if rest is None else rest.shape[1]

@@ -14,7 +14,10 @@ from typing import Sequence
 
 import torch
 
-from margrpo.models.noise import resolve_seeds
+# chain_noise bound by name: benchtools.legacy_rollout patches only the module attribute (the
+# rollout's own draws), the extra chains draw what rl/ draws for them
+from margrpo.models.noise import UNCERTAINTY, chain_stream, resolve_seeds
+from margrpo.models.noise import chain_noise as counter_noise
 from margrpo.models.protocol import ARStep, MARPolicy, Rollout
 from margrpo.models.samplers import gaussian_log_prob
 
@@ -44,17 +47,54 @@ def guided_output(
     r = xf.shape[0]
     t = torch.full((2 * r,), policy.sampler.time_input(j), device=x.device)
     out = policy.head_output(torch.cat([xf, xf]), t, torch.cat([zc, zu]))
-    c, u = out[:r], out[r:]
+    g = _guide(policy, out[:r], out[r:], cfg_scale, cfg_mode)
+    return g.reshape(*rows, g.shape[-1])
+
+
+def _guide(policy: MARPolicy, c: torch.Tensor, u: torch.Tensor, cfg_scale: float, cfg_mode: str) -> torch.Tensor:
+    """The head output of `cfg_mode` (guided_output) from the prompted and null outputs."""
     if cfg_mode == "cond":
-        g = c
-    elif cfg_mode in ("guided", "guided_full"):
+        return c
+    if cfg_mode in ("guided", "guided_full"):
         if cfg_mode == "guided":
             u = u.detach()
         guide = getattr(policy, "guide", None)
-        g = guide(c, u, cfg_scale) if guide is not None else u + cfg_scale * (c - u)
-    else:
-        raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
-    return g.reshape(*rows, g.shape[-1])
+        return guide(c, u, cfg_scale) if guide is not None else u + cfg_scale * (c - u)
+    raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
+
+
+def shared_guided_output(
+    policy: MARPolicy,
+    x: torch.Tensor,
+    j: int,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    cfg_scale: float,
+    cfg_mode: str = "guided",
+    cond: object = None,
+) -> tuple[torch.Tensor, object]:
+    """guided_output for K chains per row that share the row's latents: x [K, *rows, D],
+    z_c, z_u [*rows, C] -> (out [K, *rows, D'], cond).
+
+    A policy that splits its head in two (TinyMAR: head_condition(t, z) -> cond, the part
+    that reads only t and z, about two thirds of the head's multiply-adds, and
+    head_apply(x [..., R, D], cond) -> [..., R, D']) computes cond once per row for all K
+    chains; `cond` returned by a call at the same j and rows is reused (None: compute it).
+    Each chain's output equals guided_output's on the expanded latents (the head treats
+    rows independently). Other policies: guided_output on the latents expanded K times
+    (cond is then None)."""
+    k, rows, d = x.shape[0], x.shape[1:-1], x.shape[-1]
+    if not hasattr(policy, "head_condition"):
+        out = guided_output(policy, x, j, z_c.expand(k, *z_c.shape), z_u.expand(k, *z_u.shape), cfg_scale, cfg_mode)
+        return out, None
+    xf = x.reshape(k, -1, d)
+    r = xf.shape[1]
+    if cond is None:
+        t = torch.full((2 * r,), policy.sampler.time_input(j), device=x.device)
+        cond = policy.head_condition(t, torch.cat([z_c.reshape(r, -1), z_u.reshape(r, -1)]))
+    out = policy.head_apply(torch.cat([xf, xf], dim=1), cond)  # [K, 2R, D']
+    g = _guide(policy, out[:, :r], out[:, r:], cfg_scale, cfg_mode)
+    return g.reshape(k, *rows, g.shape[-1]), cond
 
 
 def sample_chain(
@@ -81,6 +121,57 @@ def sample_chain(
     return torch.stack(chain), torch.stack(means), torch.stack(stds), torch.stack(logps)
 
 
+def sample_chains(
+    policy: MARPolicy,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    noise: torch.Tensor,
+    cfg_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K chains per row from the rows' shared latents z_c, z_u [*rows, C]: noise
+    [T+1, K, *rows, D] -> (chain [T+1, K, *rows, D], logp [T, K, *rows]), one head call per
+    step for all K (shared_guided_output). Chain k equals sample_chain from noise[:, k]."""
+    sampler = policy.sampler
+    x = noise[0]
+    chain, logps = [x], []
+    for j in range(sampler.num_steps):
+        out, _ = shared_guided_output(policy, x, j, z_c, z_u, cfg_scale)
+        x, _, _, lp = sampler.step(x, j, out, noise[j + 1])
+        chain.append(x)
+        logps.append(lp)
+    return torch.stack(chain), torch.stack(logps)
+
+
+def sample_chain_with_extras(
+    policy: MARPolicy,
+    z_c: torch.Tensor,
+    z_u: torch.Tensor,
+    noise: torch.Tensor,
+    extra_noise: torch.Tensor,
+    cfg_scale: float,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, torch.Tensor]]:
+    """sample_chain from noise [T+1, *rows, D] (bit for bit) and, from the same latents,
+    K more chains (extra_noise [T+1, K, *rows, D]) that share its head conditioning at
+    every step. Returns (sample_chain's four tensors, (chain [T+1, K, *rows, D],
+    logp [T, K, *rows]))."""
+    sampler = policy.sampler
+    x, xs = noise[0], extra_noise[0]
+    chain, means, stds, logps, extra, extra_logps = [x], [], [], [], [xs], []
+    for j in range(sampler.num_steps):
+        out, cond = shared_guided_output(policy, x.unsqueeze(0), j, z_c, z_u, cfg_scale)
+        out_extra, _ = shared_guided_output(policy, xs, j, z_c, z_u, cfg_scale, cond=cond)
+        x, mean, std, lp = sampler.step(x, j, out[0], noise[j + 1])
+        xs, _, _, lp_extra = sampler.step(xs, j, out_extra, extra_noise[j + 1])
+        chain.append(x)
+        means.append(mean)
+        stds.append(std)
+        logps.append(lp)
+        extra.append(xs)
+        extra_logps.append(lp_extra)
+    main = (torch.stack(chain), torch.stack(means), torch.stack(stds), torch.stack(logps))
+    return main, (torch.stack(extra), torch.stack(extra_logps))
+
+
 def chain_log_probs(
     policy: MARPolicy,
     z_c: torch.Tensor,
@@ -92,11 +183,17 @@ def chain_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Policy transition log-probs of given states [T+1, *rows, D] at `head_steps`.
 
+    z_c, z_u: [*rows, C]; or, for states [T+1, K, *rows', D] of K chains per row, the rows'
+    own [*rows', C], which the K chains share (shared_guided_output: one head call per step).
     Returns (logp, mean, std) stacked over head_steps: [S, *rows], [S, *rows, D], [S, *rows].
     """
+    shared = states.dim() - 2 > z_c.dim() - 1
     logps, means, stds = [], [], []
     for j in head_steps:
-        out = guided_output(policy, states[j], j, z_c, z_u, cfg_scale, cfg_mode)
+        if shared:
+            out, _ = shared_guided_output(policy, states[j], j, z_c, z_u, cfg_scale, cfg_mode)
+        else:
+            out = guided_output(policy, states[j], j, z_c, z_u, cfg_scale, cfg_mode)
         mean, std = policy.sampler.transition(states[j], j, out)
         logps.append(gaussian_log_prob(states[j + 1], mean, std))
         means.append(mean)
@@ -140,6 +237,8 @@ class RolloutMixin:
         seeds: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         speculative_steps: Sequence[int] = (),
+        extra_chains: int = 0,
+        extra_chain_steps: Sequence[int] = (),
     ) -> Rollout:
         """One image per prompt (repeat a prompt G times for a group). seeds: [B] int64, one
         per image, from which all its randomness derives (drawn from `generator` when None),
@@ -149,7 +248,11 @@ class RolloutMixin:
         guided head chain from the transformer's output on the current canvas. At the steps
         in `speculative_steps` the still-masked tokens are also drawn, from their own noise
         (so recording them never changes the image), and kept on the step's record, as the
-        authors' loss reads them."""
+        authors' loss reads them. At the steps in `extra_chain_steps`, `extra_chains` (M)
+        more chains per committed token are drawn from the same latents on the noise streams
+        chain_stream(UNCERTAINTY, 0..M-1) and kept on the step (ARStep.extra_chain): the
+        chains of rl/plan.py's uncertainty map, drawn here because they share the step's
+        transformer pass and the head's conditioning; they never change the image."""
         b = len(prompts)
         seeds = resolve_seeds(seeds, b, generator)
         cond = self.prepare_cond(prompts)
@@ -158,14 +261,25 @@ class RolloutMixin:
         canvas = torch.zeros(b, self.num_tokens, self.token_dim, device=order.device)
         known = torch.zeros(b, self.num_tokens, dtype=torch.bool, device=order.device)
         steps, start, spec_set = [], 0, set(speculative_steps)
+        extra_set = set(extra_chain_steps) if extra_chains > 0 else set()
+        t1, d = self.sampler.num_steps + 1, self.token_dim
         for i, n in enumerate(self.schedule):
             z_c, z_u = self.encode_pair(cond, canvas, known)
             idx, rest = order[:, start : start + n], order[:, start + n :]
             spec = i in spec_set
             eps, spec_eps = self.step_noise(dev_seeds, i, idx, rest if spec else None)
-            chain, mean, std, logp = sample_chain(self, gather_rows(z_c, idx), gather_rows(z_u, idx), eps,
-                                                  self.cfg_scale)
+            zi_c, zi_u = gather_rows(z_c, idx), gather_rows(z_u, idx)
+            extra = None
+            if i in extra_set:
+                extra_eps = torch.stack([counter_noise(dev_seeds, i, idx, t1, d, chain_stream(UNCERTAINTY, c))
+                                         for c in range(extra_chains)], dim=1)  # [T+1, M, B, n, D]
+                (chain, mean, std, logp), extra = sample_chain_with_extras(self, zi_c, zi_u, eps, extra_eps,
+                                                                           self.cfg_scale)
+            else:
+                chain, mean, std, logp = sample_chain(self, zi_c, zi_u, eps, self.cfg_scale)
             rec = ARStep(i, canvas.clone(), known.clone(), idx, chain, mean, std, logp)
+            if extra is not None:
+                rec.extra_chain, rec.extra_logp = extra
             if spec:
                 rec.speculative = canvas.clone()
                 scatter_tokens(rec.speculative, idx, chain[-1])

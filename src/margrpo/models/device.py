@@ -24,9 +24,21 @@ def place(model, device: str = "auto", dtype: str = "float32"):
     """Move `model` to the device and set the precision of its forward passes; returns it."""
     if dtype not in DTYPES:
         raise ValueError(f"runtime.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    model.to(resolve_device(device))
+    dev = resolve_device(device)
+    model.to(dev)
     model.set_precision(DTYPES[dtype])
+    fast_float32_matmul(dev)
     return model
+
+
+def fast_float32_matmul(device: torch.device) -> None:
+    """On CUDA, float32 matmuls and convolutions in TF32 (10-bit mantissa inputs, float32
+    accumulation): several times the float32 throughput of an A100 / H100, and well within
+    what RL on sampled images resolves. Chains, log-probs and losses stay float32 tensors.
+    A process-wide switch of torch's; nothing changes on the CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def peak_memory_line(device: torch.device) -> str:

@@ -33,7 +33,12 @@ class AdaLNResBlock(nn.Module):
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
 
     def forward(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift, scale, gate = self.ada(c).chunk(3, dim=-1)
+        return self.modulated(h, self.ada(c))
+
+    def modulated(self, h: torch.Tensor, ada: torch.Tensor) -> torch.Tensor:
+        """The block given its AdaLN output ada = self.ada(c) [R, 3W]; h: [..., R, W], whose
+        leading dims (several chains of one token) share it."""
+        shift, scale, gate = ada.chunk(3, dim=-1)
         return h + gate * self.mlp(modulate(self.norm(h), shift, scale))
 
 
@@ -62,9 +67,19 @@ class DiffusionHead(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """x: [R, D], t: [R], z: [R, C] -> [R, D]."""
+        return self.apply_condition(x, self.condition(t, z))
+
+    def condition(self, t: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The part of the forward that reads only (t, z): every block's AdaLN output
+        [R, 3W], then the final one [R, 2W]. About two thirds of the head's multiply-adds,
+        so chains that share a token's z and t (several chains of one token) compute it once."""
         c = self.time_mlp(timestep_embedding(t, self.time_dim)) + self.cond_proj(z)
+        return tuple(blk.ada(c) for blk in self.blocks) + (self.final_ada(c),)
+
+    def apply_condition(self, x: torch.Tensor, cond: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The rest of the forward: x [..., R, D] (any leading dims share `cond`) -> [..., R, D]."""
         h = self.in_proj(x)
-        for blk in self.blocks:
-            h = blk(h, c)
-        shift, scale = self.final_ada(c).chunk(2, dim=-1)
+        for blk, ada in zip(self.blocks, cond):
+            h = blk.modulated(h, ada)
+        shift, scale = cond[-1].chunk(2, dim=-1)
         return self.out_proj(modulate(self.final_norm(h), shift, scale))

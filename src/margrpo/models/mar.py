@@ -56,29 +56,33 @@ def mask_schedule(num_tokens: int, num_steps: int) -> list[int]:
 class TinyMAR(RolloutMixin, ModelMixin, ConfigMixin):
     config_name = "config.json"
 
+    # Built from params (margrpo.models.loading.new_model) or from a saved config.json: every
+    # setting params.yaml has is required here, so no second default can drift from the
+    # config's. The defaulted four are constants params.yaml does not set.
     @register_to_config
     def __init__(
         self,
-        vocab: Sequence[str] = (),
-        max_prompt_len: int = 16,
-        image_size: int = 32,
-        patch_size: int = 8,
+        *,
+        vocab: Sequence[str],
+        max_prompt_len: int,
+        image_size: int,
+        patch_size: int,
+        width: int,
+        depth: int,
+        heads: int,
+        cond_dim: int,
+        head_width: int,
+        head_depth: int,
+        sampler: str,
+        flow_shift: float,
+        num_ar_steps: int,
+        head_steps: int,
+        cfg_scale: float,
+        temperature: float,
         channels: int = 3,
-        width: int = 192,
-        depth: int = 4,
-        heads: int = 4,
-        cond_dim: int = 192,
-        head_width: int = 256,
-        head_depth: int = 3,
-        sampler: str = "ddpm",
-        num_train_timesteps: int = 1000,
-        beta_schedule: str = "linear",
-        flow_shift: float = 1.0,
-        flow_noise_level: float = 0.7,
-        num_ar_steps: int = 16,
-        head_steps: int = 20,
-        cfg_scale: float = 3.0,
-        temperature: float = 1.0,
+        num_train_timesteps: int = 1000,  # ddpm sampler only
+        beta_schedule: str = "linear",  # ddpm sampler only
+        flow_noise_level: float = 0.7,  # flow sampler only: SDE noise scale of a head step
     ):
         super().__init__()
         if image_size % patch_size:
@@ -182,6 +186,15 @@ class TinyMAR(RolloutMixin, ModelMixin, ConfigMixin):
         with self._forward_precision():
             return self.head(x, t, z).float()
 
+    # head_output split in two (models/chains.py shares the first part between chains of a token)
+    def head_condition(self, t: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with self._forward_precision():
+            return self.head.condition(t, z)
+
+    def head_apply(self, x: torch.Tensor, cond: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        with self._forward_precision():
+            return self.head.apply_condition(x, cond).float()
+
     def prepare_cond(self, prompts: Sequence[str]) -> torch.Tensor:
         return self.tokenize(prompts).to(self.device)
 
@@ -209,8 +222,8 @@ class TinyMAR(RolloutMixin, ModelMixin, ConfigMixin):
         images: torch.Tensor,
         prompt_ids: torch.Tensor,
         generator: torch.Generator,
-        prompt_dropout: float = 0.1,
-        diffusion_batch_mul: int = 4,
+        prompt_dropout: float,
+        diffusion_batch_mul: int,
     ) -> torch.Tensor:
         """MAR loss: mask a random fraction of tokens (ratio cos(pi/2 u), u ~ U(0,1), at
         least one), predict z for all, and train the head on the masked tokens with

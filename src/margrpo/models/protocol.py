@@ -36,6 +36,9 @@ class ARStep:
     spec_idx: [B, m_i] positions still masked after the step (speculative tokens), with
         their head chains spec_chain [T+1, B, m_i, D] and log-probs spec_logp [T, B, m_i]
         (only on speculative steps; the authors' NOVA loss also scores these tokens).
+    extra_chain: [T+1, M, B, n_i, D] or None: M more head chains per committed token from
+        the step's latents, with their log-probs extra_logp [T, M, B, n_i] (only on the
+        rollout's extra_chain_steps: the uncertainty map's chains, models/chains.py).
     """
 
     index: int
@@ -50,6 +53,8 @@ class ARStep:
     spec_idx: torch.Tensor | None = None
     spec_chain: torch.Tensor | None = None
     spec_logp: torch.Tensor | None = None
+    extra_chain: torch.Tensor | None = None
+    extra_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -108,8 +113,11 @@ class MARPolicy(Protocol):
         seeds: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         speculative_steps: Sequence[int] = (),
+        extra_chains: int = 0,
+        extra_chain_steps: Sequence[int] = (),
     ) -> Rollout:
-        """Generate one image per prompt (repeat a prompt G times for a group)."""
+        """Generate one image per prompt (repeat a prompt G times for a group)
+        (models/chains.py RolloutMixin.rollout: the arguments)."""
         ...
 
     def encode(self, rollout: Rollout, step: int) -> tuple[torch.Tensor, torch.Tensor]:

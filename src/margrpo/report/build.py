@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+from margrpo.report import ablation
 from margrpo.report import summary as summary_text
 from margrpo.report.checks import consistency_section, judge_section
 from margrpo.report.claims import NOT_JUDGED, RULE, STATUS_CODE, build_claims
@@ -47,6 +48,11 @@ def train_record_dir(reports: Path, method: str, seed) -> Path:
     return reports / "train" / method / "seeds" / f"seed{seed}"
 
 
+def eval_stage(target: str) -> str:
+    """The dvc.yaml stage that writes reports/eval/<target>/."""
+    return "evaluate_base" if target == "base" else f"evaluate@{target}"
+
+
 def _read_json(path: Path, stage: str) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the report needs stage {stage} (dvc repro {stage})")
@@ -65,8 +71,8 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     seeds = list(params.train.seeds)
     histories = {m: {s: read_history(p) for s in seeds if (p := train_record_dir(reports, m, s) / "history.jsonl").exists()}
                  for m in methods}
-    evals = {t: _read_json(reports / "eval" / t / "metrics.json", f"evaluate@{t}") for t in targets}
-    per_seed = {t: _read_json(reports / "eval" / t / "per_seed.json", f"evaluate@{t}") for t in targets}
+    evals = {t: _read_json(reports / "eval" / t / "metrics.json", eval_stage(t)) for t in targets}
+    per_seed = {t: _read_json(reports / "eval" / t / "per_seed.json", eval_stage(t)) for t in targets}
     eval_values = {t: {k: [r[k] for r in per_seed[t].values() if k in r] for k in evals[t]["mean"]} for t in targets}
     # Per-seed, per-prompt scores (absent in records older than the evaluate stage that writes them).
     per_prompt = {t: pp for t in targets if (pp := read_per_prompt(reports, t, seeds)) is not None}
@@ -75,6 +81,11 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     stats = {m: train_stats(h) for m, h in histories.items()}
     timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
     claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing, per_prompt)
+    # The ablation experiments' committed records (reports/ablation/): their section and claim 4.
+    ablation_sections, knob_claim, ablation_summary = ablation.section(ablation.read_records(reports / "ablation"),
+                                                                       figures)
+    if knob_claim is not None:
+        claims = sorted([*claims, knob_claim], key=lambda c: c.number)
 
     opening = [summary_text.held_out(eval_values, methods, per_prompt=per_prompt),
                summary_text.reward_vs_judge(per_prompt, methods), summary_text.training(stats, base_reward),
@@ -110,7 +121,7 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
                 train_rows.append([m, k, fmt(mean, sd)])
     curves = Section("Training curves", ["Mean over seeds, band ± 1 std; final window = last 25% of steps. Dashed: "
                                          "the base model (training reward of its own samples, from sample_baseline; "
-                                         "held-out scores from evaluate@base)."],
+                                         "held-out scores from evaluate_base)."],
                      [Table(["method", "metric (final window)", "mean ± std over seeds"], train_rows)])
     # Held-out scores during training (the trainer's evals.jsonl, when train.eval_every > 0):
     # step 0 is the base model on the same prompts, the reference line.
@@ -154,13 +165,15 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
          "over the single-chain estimator's. Averaged over probe steps, then over seeds."
          if probe_rows else "No probe metrics were logged (train.grad_probe_every = 0)."],
         [Table(["method", "metric", "mean over seeds", "seeds"], probe_rows)] if probe_rows else []))
+    sections += ablation_sections
 
     sections.append(Section(
         "Claims of the paper (method.md §6) against this run",
         [f"Rule: {RULE}. Evidence: one line per comparison, d = the difference (with its interval for score parts "
          "with per-prompt scores, else 2 se of the difference of seed means). reports/summary.json codes each claim "
          "as " + ", ".join(f"{code} {status}" for status, code in STATUS_CODE.items()) + "."]
-        + [f"Claim {n} ({text}) is not in the table: it {why}." for n, (text, why) in NOT_JUDGED.items()],
+        + [f"Claim {n} ({text}) is not in the table: it {why}." for n, (text, why) in NOT_JUDGED.items()
+           if n not in {c.number for c in claims}],
         [Table(["#", "claim", "verdict", "evidence", "note"],
                [[str(c.number), c.claim, c.status, [p.render() for p in c.parts] or "–", c.note or "–"]
                 for c in claims])], anchor="claims"))
@@ -172,6 +185,8 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     # not hold, 2 no difference larger than δ (claims.STATUS_CODE).
     summary["claims"] = {f"claim{c.number}": STATUS_CODE[c.status] for c in claims}
     summary["seeds"] = len(seeds)
+    if ablation_summary:
+        summary["ablation"] = ablation_summary
     return sections, summary
 
 

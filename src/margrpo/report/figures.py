@@ -169,3 +169,30 @@ def selection_figure(examples: dict, out: Path, max_steps: int = 4) -> Path | No
         ax.set_xticks([])
         ax.set_yticks([])
     return _save(fig, out, dpi=90)
+
+
+def interval_figure(panels: list[tuple[str, dict[str, list[tuple[float, float, float, float]]]]], path: Path,
+                    ylabel: str) -> Path | None:
+    """One panel per knob: a score against the knob's values, one line per series with its
+    interval as error bars. panels: [(knob label, {series label: [(x, point, low, high)]})]."""
+    plt = _plt()
+    panels = [(title, lines) for title, lines in panels if lines]
+    if not panels:
+        return None
+    fig, axes = _panels(plt, len(panels))
+    for ax, (title, lines) in zip(axes.flat, panels):
+        values = [p[0] for pts in lines.values() for p in pts]
+        # series side by side at each x (2% of the x range apart), so equal points stay visible
+        step = 0.02 * ((max(values) - min(values)) or 1.0)
+        for i, (label, pts) in enumerate(lines.items()):
+            pts = sorted(pts)
+            xs = [p[0] + (i - (len(lines) - 1) / 2) * step for p in pts]
+            ys = [p[1] for p in pts]
+            err = [[y - p[2] for y, p in zip(ys, pts)], [p[3] - y for y, p in zip(ys, pts)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel(title)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save_panels(fig, axes, len(panels), path)

@@ -73,7 +73,7 @@ def held_out(evals: dict[str, dict[str, list[float]]], methods: list[str], base:
     if (per_prompt or {}).get(base):
         return held_out_intervals(per_prompt, methods, base, evals)
     if base not in evals or key not in evals[base]:
-        return "No held-out scores of the base model: the comparison needs evaluate@base."
+        return "No held-out scores of the base model: the comparison needs evaluate_base."
     m, sd, n = mean_std(evals[base][key])
     parts = [f"{base} {m:.3f} ± {sd:.3f}"]
     better, worse = [], []
@@ -154,5 +154,6 @@ def claims_line(claims: list[Claim]) -> str:
         by_status.setdefault(c.status, []).append(str(c.number))
     parts = [f"{status}: {', '.join(nums)}" for status, nums in sorted(by_status.items())]
     skipped = ", ".join(f"claim {n} ({text}) needs {'k / tau' if n == 4 else 'other'} experiments and is not judged"
-                        for n, (text, _) in NOT_JUDGED.items())
-    return f"Claims of the paper (method.md §6), by the same rule: {'; '.join(parts)}. {skipped.capitalize()}."
+                        for n, (text, _) in NOT_JUDGED.items() if n not in {c.number for c in claims})
+    return f"Claims of the paper (method.md §6), by the same rule: {'; '.join(parts)}." + (
+        f" {skipped.capitalize()}." if skipped else "")

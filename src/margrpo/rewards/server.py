@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from margrpo.atomic import write_text
 from margrpo.jsonl import read_jsonl, write_jsonl
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -178,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = ScoringServer((args.host, args.port), model, args.backend)
     host, port = srv.server_address[:2]
     if args.port_file:
-        tmp = args.port_file + ".tmp"
-        Path(tmp).write_text(json.dumps({"host": host, "port": port, "pid": os.getpid()}))
-        os.replace(tmp, args.port_file)
+        write_text(json.dumps({"host": host, "port": port, "pid": os.getpid()}), args.port_file)
     sys.stderr.write(f"scorer: {args.backend} ready on http://{host}:{port}\n")
     sys.stderr.flush()
     try:

@@ -1,4 +1,5 @@
-"""Data-parallel training and evaluation over torch.distributed ranks (torchrun, one node).
+"""Data-parallel training and evaluation over torch.distributed ranks (torchrun, one node or
+several; margrpo/rl/launch.py starts them).
 
 Every rank runs the same program from the same shared generators, so every rank draws the
 same global prompt list, image seeds and loss plan; `World.shard` then gives each rank a
@@ -18,7 +19,6 @@ round alike and every per-image score is exactly the single-process one.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
 
@@ -27,10 +27,9 @@ import torch.distributed as dist
 
 from margrpo.models.device import resolve_device
 # torch-free, so that a stage's launching process imports no torch (launch.py)
-from margrpo.rl.launch import check_shardable, start_ranks, torchrun_command, under_torchrun
+from margrpo.rl.launch import check_shardable, under_torchrun
 
-__all__ = ["World", "check_launch", "check_shardable", "current", "init", "map_batches", "my_batches", "run_stage",
-           "shutdown", "torchrun_command", "under_torchrun"]
+__all__ = ["World", "check_launch", "check_shardable", "current", "init", "map_batches", "my_batches", "shutdown"]
 
 T = TypeVar("T")
 
@@ -136,26 +135,12 @@ def init(device: str) -> World:
 
 
 def check_launch(device: str, nproc: int) -> None:
-    """One GPU per rank on CUDA: before starting nproc ranks, or in each rank (`init`)."""
+    """One GPU per rank of this node on CUDA, checked in each rank (`init`) by PyTorch's count
+    (pipeline/validate.py has checked the driver's count before any stage started)."""
     dev = resolve_device(device)
     if dev.type == "cuda" and torch.cuda.device_count() < nproc:
         raise ValueError(f"runtime.nproc={nproc} needs one GPU per process but PyTorch sees "
                          f"{torch.cuda.device_count()}; lower runtime.nproc or set CUDA_VISIBLE_DEVICES")
-
-
-def run_stage(runtime, module: str, lead: Callable[[], None], follow: Callable[[], None]) -> None:
-    """A stage entry point's body. runtime: params.runtime. With runtime.nproc > 1 in a plain
-    process: start that many ranks of `python -m module <this process's arguments>` under
-    torchrun and exit with its status. Otherwise (one process, or a rank): lead() on rank 0,
-    follow() on the others, the same collective work without the files and logging."""
-    if runtime.nproc > 1 and not under_torchrun():
-        check_launch(runtime.device, runtime.nproc)
-        sys.exit(start_ranks(runtime.nproc, module, sys.argv[1:]))
-    world = init(runtime.device)
-    try:
-        (lead if world.main else follow)()
-    finally:
-        shutdown()
 
 
 def shutdown() -> None:

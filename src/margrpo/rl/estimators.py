@@ -51,7 +51,7 @@ import torch
 from margrpo.config import ESTIMATORS
 # chain_noise bound here: benchtools.legacy_rollout patches the module attribute for rollouts only
 from margrpo.models.noise import FORWARD, RESAMPLE, chain_noise, chain_stream
-from margrpo.models.chains import chain_log_probs, sample_chain
+from margrpo.models.chains import chain_log_probs, sample_chains
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.samplers import LOG_2PI, GaussianSampler
 from margrpo.rl.losses import ppo_clipped_term, ratio_stats
@@ -143,6 +143,7 @@ def draw_chains(
     logp: torch.Tensor,
     mask: torch.Tensor,
     num_chains: int,
+    rows: torch.Tensor | None = None,
     noise: ChainNoise | None = None,
     sample_fn: SampleFn | None = None,
     states: torch.Tensor | None = None,
@@ -154,7 +155,8 @@ def draw_chains(
 
     chain: [T+1, B, n, D] rollout chain (chain[T] = committed tokens x0); logp: [T, B, n]
     its recorded log-probs; mask: [B, n] bool selected tokens; num_chains: M (ignored by
-    `single`); noise: source of all draws (`ChainNoise`, called once for [T(+1), M, R, D];
+    `single`); rows: mask's flat nonzero indices [R] when the caller has them (saves a
+    host sync); noise: source of all draws (`ChainNoise`, called once for [T(+1), M, R, D];
     not needed by `single` or by `resample` with `states`).
     states: `resample` only, chains [T+1, M, R, D] already drawn by the old policy from the
     same z (the uncertainty map's chains, reused as the authors do) instead of new draws.
@@ -170,7 +172,7 @@ def draw_chains(
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     t_steps, d = chain.shape[0] - 1, chain.shape[-1]
-    rows = mask.reshape(-1).nonzero().squeeze(-1)
+    rows = mask.reshape(-1).nonzero().squeeze(-1) if rows is None else rows
     r = rows.numel()
     x_rows = chain.reshape(t_steps + 1, -1, d)[:, rows]  # [T+1, R, D]
     dev = chain.device
@@ -228,25 +230,21 @@ def policy_callables(
     z_c, z_u: [B, n, C] latents of the scored tokens (the step-i latents gathered at the
     token positions). z_sample: optional (z_c, z_u) [B, n, C] to DRAW resample chains from
     (the authors draw from z_fin and score under z_i); default: the scoring latents.
-    The sampler draws with the guided mean, as at rollout.
+    The sampler draws with the guided mean, as at rollout. The M chains of a token share its
+    latents (one head call per step for all of them, models/chains.py shared_guided_output).
     """
-    def rows_of(z: torch.Tensor, rows: torch.Tensor, m: int) -> torch.Tensor:
-        zr = z.reshape(-1, z.shape[-1])[rows]
-        return zr.unsqueeze(0).expand(m, *zr.shape)
+    def rows_of(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return z.reshape(-1, z.shape[-1])[rows]  # [R, C]
 
     def logp_fn(states: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
-        m = states.shape[1]
         steps = range(policy.sampler.num_steps) if steps is None else steps.tolist()
-        lp, _, _ = chain_log_probs(
-            policy, rows_of(z_c, rows, m), rows_of(z_u, rows, m), states, steps, cfg_scale, cfg_mode,
-        )
+        lp, _, _ = chain_log_probs(policy, rows_of(z_c, rows), rows_of(z_u, rows), states, steps, cfg_scale, cfg_mode)
         return lp
 
     zs_c, zs_u = z_sample if z_sample is not None else (z_c, z_u)
 
     def sample_fn(noise: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        m = noise.shape[1]
-        states, _, _, _ = sample_chain(policy, rows_of(zs_c, rows, m), rows_of(zs_u, rows, m), noise, cfg_scale)
+        states, _ = sample_chains(policy, rows_of(zs_c, rows), rows_of(zs_u, rows), noise, cfg_scale)
         return states
 
     return logp_fn, sample_fn

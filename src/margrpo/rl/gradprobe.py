@@ -26,6 +26,7 @@ recomputes the trainer's gradient on variants of one batch and empties .grad at 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -34,7 +35,8 @@ from margrpo.rl.plan import TokenPlan, plan_tokens
 
 
 def flat_grad(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Concatenate gradients into one float64 vector [P]; None (unused parameter) -> zeros."""
+    """Concatenate gradients into one float64 vector [P]; None (unused parameter) -> zeros.
+    For small models and tests: the trainer's probe keeps gradients per parameter (`pair_stats`)."""
     parts = [
         (torch.zeros_like(p) if g is None else g).reshape(-1).double()
         for g, p in zip(grads, params)
@@ -48,24 +50,33 @@ def params_grad(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> torch.Ten
     return flat_grad(grads, params)
 
 
-def cosine(g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity of two flat vectors; 0 if either is zero."""
-    den = g1.norm() * g2.norm()
-    return torch.where(den > 0, (g1 @ g2) / den.clamp_min(1e-300), torch.zeros_like(den))
+Grad = torch.Tensor | Sequence[torch.Tensor]  # a flat vector, or one tensor per parameter
 
 
-def pair_stats(g1: torch.Tensor, g2: torch.Tensor) -> dict[str, float]:
-    """Statistics of two independent estimates [P] of one gradient (module docstring)."""
-    mean = 0.5 * (g1 + g2)
-    noise_var = 0.5 * (g1 - g2).pow(2).sum()
-    mean_sq = mean.pow(2).sum()
+def pair_stats(g1: Grad, g2: Grad) -> dict[str, float]:
+    """Statistics of two independent estimates of one gradient (module docstring).
+
+    g1, g2: flat vectors [P], or per-parameter tensors in the same order (a model's
+    gradients as they are: no flat copy). Sums in float64, one parameter at a time; the
+    six numbers are read from the device in one host sync."""
+    a_parts = [g1] if isinstance(g1, torch.Tensor) else list(g1)
+    b_parts = [g2] if isinstance(g2, torch.Tensor) else list(g2)
+    if len(a_parts) != len(b_parts):
+        raise ValueError(f"the two gradients have {len(a_parts)} and {len(b_parts)} parts")
+    acc = None  # float64 [dot, |g1|^2, |g2|^2, |g1 - g2|^2, |(g1 + g2) / 2|^2]
+    for a, b in zip(a_parts, b_parts):
+        a, b = a.reshape(-1).double(), b.reshape(-1).double()
+        part = torch.stack([a @ b, a @ a, b @ b, (a - b).pow(2).sum(), (0.5 * (a + b)).pow(2).sum()])
+        acc = part if acc is None else acc + part
+    dot, n1, n2, diff_sq, mean_sq = acc.tolist() if acc is not None else [0.0] * 5
+    noise_var = 0.5 * diff_sq
     return {
-        "cosine": float(cosine(g1, g2)),
-        "noise_var": float(noise_var),
-        "signal": float(g1 @ g2),
-        "mean_norm": float(mean_sq.sqrt()),
-        "noise_to_signal": float(noise_var / mean_sq) if mean_sq > 0 else float("inf"),
-        "snr": float((g1 @ g2) / noise_var) if noise_var > 0 else 0.0,
+        "cosine": dot / math.sqrt(n1 * n2) if n1 > 0 and n2 > 0 else 0.0,
+        "noise_var": noise_var,
+        "signal": dot,
+        "mean_norm": math.sqrt(mean_sq),
+        "noise_to_signal": noise_var / mean_sq if mean_sq > 0 else float("inf"),
+        "snr": dot / noise_var if noise_var > 0 else 0.0,
     }
 
 
@@ -122,9 +133,11 @@ def probe_gradients(trainer, batch) -> dict[str, float]:
     half = group_halves(batch.groups, trainer.tcfg.prompts_per_step)  # halves of the global groups
     ar_steps, head_steps = [p.index for p in batch.plans], [p.head_steps for p in batch.plans]
 
-    def grad_of(weight=None, plans=None) -> torch.Tensor:
+    def grad_of(weight=None, plans=None) -> list[torch.Tensor]:
+        # The .grad tensors themselves, not a copy: compute_grads empties .grad (set to None)
+        # before its backward, so the next call writes new tensors and these stay as they are.
         trainer.compute_grads(batch, weight, plans)
-        return flat_grad([p.grad for p in ar], ar)
+        return [torch.zeros_like(p) if p.grad is None else p.grad for p in ar]
 
     def replan(variant, draw: int = 0) -> list[TokenPlan]:
         return plan_tokens(trainer.policy, batch.rollout, ar_steps, head_steps, variant, cfg_mode, draw=draw)

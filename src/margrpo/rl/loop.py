@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
+from margrpo.atomic import replace_dir, write_with
 from margrpo.checkfiles import check_torch_zip
 from margrpo.jsonl import read_jsonl, write_jsonl
 from margrpo.rl.trainer import NonFiniteError, Trainer
@@ -85,9 +85,8 @@ class RunDir:
                 path.unlink(missing_ok=True)
 
     def save_checkpoint(self, trainer: Trainer) -> None:
-        tmp = self.ckpt.with_suffix(".tmp")
-        torch.save(trainer.state(), tmp)
-        os.replace(tmp, self.ckpt)
+        state = trainer.state()
+        write_with(self.ckpt, lambda tmp: torch.save(state, tmp))
 
     def newest_checkpoint(self) -> str:
         if self.ckpt.exists():
@@ -96,14 +95,9 @@ class RunDir:
         return f"No checkpoint was written yet ({self.ckpt} does not exist); a rerun starts from the base model."
 
     def publish(self, policy, folder: Path) -> Path:
-        tmp = folder.with_name(folder.name + ".tmp")
-        policy.save_pretrained(tmp)
-        if folder.exists():
-            for f in folder.iterdir():
-                f.unlink()
-            folder.rmdir()
-        os.replace(tmp, folder)
-        return folder
+        staged = folder.with_name(folder.name + ".tmp")
+        policy.save_pretrained(staged)
+        return replace_dir(staged, folder)
 
     def record_eval(self, trainer: Trainer, scores: dict[str, float], select_key: str) -> dict[str, float]:
         """Append the evaluation; keep best/ when it improves the held-out score."""

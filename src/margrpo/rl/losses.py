@@ -66,14 +66,18 @@ def ratio_stats(logp_new: torch.Tensor, logp_old: torch.Tensor, clip_range: floa
             "approx_kl": ((ratio - 1.0) - log_ratio).mean(), "ratio_mean": ratio.mean(), "ratio_max": ratio.max()}
 
 
-def token_terms(shape: tuple[int, int, int], pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """The per-transition terms [S, B, L] of one AR step from those of disjoint token sets
-    (aggregation rule, step 2).
+def token_terms(own: torch.Tensor, single: torch.Tensor,
+                pieces: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+    """The per-transition terms [S, B, L] of one AR step (aggregation rule, step 2).
 
-    pieces: (rows [R] long, flat index into B * L; terms [S, R]); a token in no piece gets 0.
+    own: [S, B, L] the terms of every token's own rollout chain; single: [B, L] bool, the
+    tokens scored by it (elsewhere own is replaced, without gradient, by 0); pieces: (rows
+    [R] long, flat index into B * L; terms [S, R]) of the tokens scored by other chains
+    (multi-trajectory estimates), placed over the rest. Dense and masked rather than
+    gathered, so that placing the tokens reads no index from the device.
     """
-    s, b, n = shape
-    out = pieces[0][1].new_zeros(s, b * n)
+    s, b, n = own.shape
+    out = torch.where(single.unsqueeze(0), own, torch.zeros((), dtype=own.dtype, device=own.device)).view(s, b * n)
     for rows, terms in pieces:
         out = out.index_copy(1, rows, terms.to(out.dtype))
     return out.view(s, b, n)

@@ -31,9 +31,10 @@ from typing import Mapping, NamedTuple
 import torch
 
 from margrpo.config import ResolvedMethod
-from margrpo.models.chains import gather_rows, sample_chain
+from margrpo.hostsync import read_all
+from margrpo.models.chains import gather_rows, sample_chains
 from margrpo.models.noise import UNCERTAINTY
-from margrpo.models.protocol import MARPolicy, Rollout
+from margrpo.models.protocol import ARStep, MARPolicy, Rollout
 from margrpo.rl.estimators import ESTIMATOR_STREAMS, ChainDraw, ChainNoise, draw_chains, image_noise, policy_callables
 from margrpo.rl.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, loss_token_mask, topk_mask, uncertainty_map)
@@ -137,24 +138,57 @@ def loss_tokens(rollout: Rollout, i: int, method: ResolvedMethod, reference: flo
     return LossTokens(tuple(blocks), torch.gather(full, 1, positions), stats)
 
 
-def _uncertainty(policy: MARPolicy, zc, zu, mask, m: int, cfg: float, noise: ChainNoise):
-    """Variance of M fresh chains' final tokens per token in `mask` (chains from `noise`).
+def uncertainty_chains_needed(method: ResolvedMethod, ar_steps: list[int]) -> tuple[int, list[int]]:
+    """(M, AR steps): the uncertainty chains the rollout draws beside its own chains
+    (RolloutMixin.rollout extra_chains, extra_chain_steps), for a top-k method whose
+    candidates are committed tokens; (0, []) for every other method (plan_tokens then draws
+    any chains it needs itself)."""
+    if not method.topk or method.estimator == "single" or method.num_trajectories < 2:
+        return 0, []
+    if method.token_scope != "committed" and method.mte_scope != "committed":
+        return 0, []
+    return method.num_trajectories, list(ar_steps)
 
-    Returns (uncertainty [B, L] (0 outside mask), chains [T+1, M, R, D] of the R = mask.sum()
-    tokens in row-major order and their transition log-probs [T, M, R] under the guided
-    sampling policy, or (.., None, None) when there are none).
-    """
+
+class _Chains(NamedTuple):
+    """The uncertainty map of one AR step and the chains behind it: the chains of layout
+    token r (a candidate) are states[:, :, src[r]]."""
+
+    unc: torch.Tensor  # [B, L] uncertainty (0 outside the candidates)
+    states: torch.Tensor | None  # [T+1, M, X, D]
+    logps: torch.Tensor | None  # [T, M, X] transition log-probs under the guided sampling policy
+    src: torch.Tensor | None  # [B * L] long
+
+
+def _uncertainty(policy: MARPolicy, zc, zu, mask, m: int, cfg: float, noise: ChainNoise) -> _Chains:
+    """Variance of M fresh chains' final tokens per token in `mask` [B, L] (chains from
+    `noise`, drawn here: one head call per step for the M chains, models/chains.py
+    sample_chains); states [T+1, M, R, D] of the R = mask.sum() tokens in row-major order."""
     b, n = mask.shape
-    rows = mask.reshape(-1).nonzero().squeeze(-1)
+    flat = mask.reshape(-1)
+    rows = flat.nonzero().squeeze(-1)
     out = torch.zeros(b * n, device=mask.device)
     states = logps = None
     if rows.numel() and m > 1:
-        zr_c = zc.reshape(b * n, -1)[rows].unsqueeze(0).expand(m, -1, -1)
-        zr_u = zu.reshape(b * n, -1)[rows].unsqueeze(0).expand(m, -1, -1)
         eps = noise(policy.sampler.num_steps + 1, m, rows, policy.token_dim)  # [T+1, M, R, D]
-        states, _, _, logps = sample_chain(policy, zr_c, zr_u, eps, cfg)
+        states, logps = sample_chains(policy, zc.reshape(b * n, -1)[rows], zu.reshape(b * n, -1)[rows], eps, cfg)
         out[rows] = uncertainty_map(states[-1].unsqueeze(1)).squeeze(0)
-    return out.reshape(b, n), states, logps
+    return _Chains(out.reshape(b, n), states, logps, flat.long().cumsum(0) - 1)
+
+
+def _rollout_uncertainty(step: ARStep, mask: torch.Tensor) -> _Chains:
+    """`_uncertainty` from the chains the rollout drew for the step's committed tokens
+    (ARStep.extra_chain: the same streams and latents); mask [B, L] selects only committed
+    columns (the first n_i). Computed for every committed token and masked, so that no
+    index is read from the device."""
+    b, n = mask.shape
+    t1, m, _, n_c, d = step.extra_chain.shape
+    states = step.extra_chain.reshape(t1, m, -1, d)  # [T+1, M, B * n_i, D]
+    unc = torch.zeros(b, n, device=mask.device)
+    unc[:, :n_c] = uncertainty_map(states[-1].unsqueeze(1)).view(b, n_c)
+    r = torch.arange(b * n, device=mask.device)
+    src = r // n * n_c + r % n  # layout row -> row of the committed tokens
+    return _Chains(torch.where(mask, unc, 0.0), states, step.extra_logp.reshape(t1 - 1, m, -1), src)
 
 
 def _topk(uncs: list[torch.Tensor], cands: list[torch.Tensor], k: float, pool: str) -> list[torch.Tensor]:
@@ -179,7 +213,11 @@ def plan_tokens(
 ) -> list[TokenPlan]:
     """The token plan of every loss AR step (module docstring). head_steps: [S] long per AR
     step. draw: which independent repeat of the multi-trajectory chains (0 for training; the
-    gradient probe compares draw 0 with draw 1)."""
+    gradient probe compares draw 0 with draw 1).
+
+    The uncertainty chains of draw 0 come from the rollout when it drew them
+    (uncertainty_chains_needed); the step's latents are recomputed only for what needs them
+    (chains drawn here, or estimator log-probs not recorded at rollout)."""
     steps = [loss_tokens(rollout, i, method, policy.consistency_reference) for i in ar_steps]
     if method.estimator == "single":
         return [TokenPlan(i, hs, t.blocks, t.mask, None, t.stats) for i, hs, t in zip(ar_steps, head_steps, steps)]
@@ -192,46 +230,78 @@ def plan_tokens(
         if method.mte_scope == "committed":
             c[:, t.blocks[0].idx.shape[1]:] = False
         cands.append(c)
-    zs = []
-    for i, pos in zip(ar_steps, positions):
-        z_c, z_u = policy.encode(rollout, i)
-        zs.append((gather_rows(z_c, pos), gather_rows(z_u, pos)))  # [B, L, C] latents of the layout
-    selected, unc_chains, extra = cands, [(None, None)] * len(steps), {}
+    latents: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def z_of(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, L, C] latents (cond, null) of loss step k's layout, encoded on first use."""
+        if k not in latents:
+            z_c, z_u = policy.encode(rollout, ar_steps[k])
+            latents[k] = (gather_rows(z_c, positions[k]), gather_rows(z_u, positions[k]))
+        return latents[k]
+
+    m = method.num_trajectories
+    committed_only = method.token_scope == "committed" or method.mte_scope == "committed"
+    selected, found = cands, [None] * len(steps)
     if method.topk:
-        uncs, unc_chains = [], []
-        for i, pos, c, (zc, zu) in zip(ar_steps, positions, cands, zs):
-            unc_noise = image_noise(rollout.seeds, i, pos, UNCERTAINTY, draw)
-            u, states, logps = _uncertainty(policy, zc, zu, c, method.num_trajectories, rollout.cfg_scale, unc_noise)
-            uncs.append(u)
-            unc_chains.append((states, logps))
+        found = []
+        for k, (i, pos, c) in enumerate(zip(ar_steps, positions, cands)):
+            st = rollout.steps[i]
+            if draw == 0 and committed_only and st.extra_chain is not None and st.extra_chain.shape[1] == m:
+                found.append(_rollout_uncertainty(st, c))
+            else:
+                found.append(_uncertainty(policy, *z_of(k), c, m, rollout.cfg_scale,
+                                          image_noise(rollout.seeds, i, pos, UNCERTAINTY, draw)))
+        uncs = [f.unc for f in found]
         selected = _topk(uncs, cands, method.k, method.topk_pool)
-        n_cand = sum(int(c.sum()) for c in cands)
-        n_sel = sum(int(s.sum()) for s in selected)
-        extra = {"select/topk_frac": n_sel / max(1, n_cand),
-                 "diag/uncertainty_mean": sum(float(u[c].sum()) for u, c in zip(uncs, cands)) / max(1, n_cand)}
-    plans = []
-    per_step = zip(ar_steps, head_steps, steps, positions, cands, selected, zs, unc_chains)
-    for i, hs, t, pos, c, sel, (zc, zu), (states, logps) in per_step:
+    draws = []
+    per_step = zip(ar_steps, head_steps, steps, positions, selected, found)
+    for k, (i, hs, t, pos, sel, f) in enumerate(per_step):
+        rows = sel.reshape(-1).nonzero().squeeze(-1)  # [R] the step's selected tokens
         reuse, reuse_logp = None, None
-        if method.estimator == "resample" and states is not None:
+        if method.estimator == "resample" and f is not None and f.states is not None:
             # The uncertainty chains are M fresh chains from the same z, exactly what
             # `resample` draws: reuse those of the selected tokens (as the authors do), and
             # their sampling log-probs as logp_old when the loss scores the same guided
             # transitions (any cfg_mode but "cond"), as the rollout chain does.
-            pick = sel.reshape(-1)[c.reshape(-1)]
-            reuse = states[:, :, pick]
-            reuse_logp = logps[:, :, pick] if cfg_mode != "cond" else None
-        logp_fn, sample_fn = policy_callables(policy, zc, zu, rollout.cfg_scale, cfg_mode)
-        d = draw_chains(
+            reuse = f.states[:, :, f.src[rows]]
+            reuse_logp = f.logps[:, :, f.src[rows]] if cfg_mode != "cond" else None
+        logp_fn, sample_fn = _lazy_callables(policy, lambda k=k: z_of(k), rollout.cfg_scale, cfg_mode)
+        draws.append(draw_chains(
             method.estimator, sampler=policy.sampler, logp_fn=logp_fn,
             chain=torch.cat([blk.chain for blk in t.blocks], dim=2),  # [T+1, B, L, D]
             logp=torch.cat([blk.logp for blk in t.blocks], dim=2),  # [T, B, L]
-            mask=sel, num_chains=method.num_trajectories, sample_fn=sample_fn,
+            mask=sel, rows=rows, num_chains=m, sample_fn=sample_fn,
             noise=image_noise(rollout.seeds, i, pos, ESTIMATOR_STREAMS[method.estimator], draw),
             states=reuse, states_logp=reuse_logp, logp_steps=hs, keep_rollout=True,
-        )
-        stats = {**t.stats, **extra}
-        if d.ess.numel():
-            stats["select/ess"] = d.ess.median().item()
-        plans.append(TokenPlan(i, hs, t.blocks, t.mask, d, stats))
+        ))
+    # The plan's statistics in one host read: candidate and selected counts, the uncertainty
+    # sums (per step, float32, the map being 0 outside the candidates) and the median
+    # effective sample size of every step that has chains.
+    with_chains = [d for d in draws if d.ess.numel()]
+    groups = {"ess": [d.ess.median() for d in with_chains]}
+    if method.topk:
+        groups |= {"cand": [c.sum() for c in cands], "sel": [x.sum() for x in selected],
+                   "unc": [f.unc.sum() for f in found]}
+    read = read_all(groups)
+    extra = {}
+    if method.topk:
+        n_cand, n_sel = int(sum(read["cand"])), int(sum(read["sel"]))
+        extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(read["unc"]) / max(1, n_cand)}
+    medians = dict(zip(map(id, with_chains), read["ess"]))
+    plans = []
+    for i, hs, t, d in zip(ar_steps, head_steps, steps, draws):
+        ess = {"select/ess": medians[id(d)]} if id(d) in medians else {}
+        plans.append(TokenPlan(i, hs, t.blocks, t.mask, d, {**t.stats, **extra, **ess}))
     return plans
+
+
+def _lazy_callables(policy: MARPolicy, latents, cfg_scale: float, cfg_mode: str):
+    """estimators.policy_callables on the latents () -> (z_c, z_u), computed only if a
+    callable is called (a resample draw that reuses recorded chains calls neither)."""
+    def logp_fn(*args):
+        return policy_callables(policy, *latents(), cfg_scale, cfg_mode)[0](*args)
+
+    def sample_fn(*args):
+        return policy_callables(policy, *latents(), cfg_scale, cfg_mode)[1](*args)
+
+    return logp_fn, sample_fn

@@ -9,7 +9,8 @@ torch.Generators (prompt order, image seeds, loss-step subsets) whose states are
 checkpointed, or is keyed by an image seed (the rollout's noise and the multi-trajectory
 chains, models/noise.py), so a killed run resumed from its last checkpoint ends with the
 same weights as an uninterrupted one. The outer loop (evaluation, checkpoints) is
-rl/loop.py; the gradient probe is rl/gradprobe.py.
+rl/loop.py; the gradient probe is rl/gradprobe.py; what a step reports, read from the
+device in one host sync per group of statistics, rl/stepstats.py.
 
 Data parallel (rl/distributed.py): every rank draws the same global batch and token plan
 from the shared generators and rolls out its block of whole groups; the loss is
@@ -25,6 +26,7 @@ steps (plus filtered speculative tokens for the committed+speculative scope).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from typing import Callable, NamedTuple
@@ -35,16 +37,16 @@ from margrpo.config import Params, ResolvedMethod
 from margrpo.models.chains import chain_log_probs, gather_rows
 from margrpo.models.noise import draw_seeds
 from margrpo.models.protocol import MARPolicy, Rollout
-from margrpo.rl.advantages import group_advantages, zero_std_fraction
+from margrpo.rl.advantages import group_advantages
 from margrpo.rl.distributed import World, check_shardable, current
 from margrpo.rl.estimators import chain_policy_terms
 from margrpo.rl.gradprobe import probe_gradients
 from margrpo.rl.losses import gaussian_kl, ppo_clipped_term, ratio_stats, token_terms, transition_sum
-from margrpo.rl.plan import CONSISTENCY_KEYS, TokenPlan, plan_tokens, speculative_steps_needed
+from margrpo.rl.plan import TokenPlan, plan_tokens, speculative_steps_needed, uncertainty_chains_needed
+from margrpo.hostsync import read_all
+from margrpo.rl.stepstats import NORM_KEYS, batch_metrics, grad_norm
 
 GENERATORS = ("data", "rollout", "plan")
-# Mean over the plans of these per-step selection statistics goes into the step metrics.
-SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
 
 
 class NonFiniteError(RuntimeError):
@@ -79,45 +81,6 @@ def lr_lambda(tcfg) -> Callable[[int], float]:
         return warm
 
     return f
-
-
-def grad_norm(params: list[torch.nn.Parameter]) -> float:
-    gs = [p.grad for p in params if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in gs]))) if gs else 0.0
-
-
-def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
-    """reward/*, adv/*, select/* and time/rollout of one batch. Over ranks: reward/* and adv/*
-    of the gathered global batch (exact), select/* the mean of the ranks' means."""
-    world = world or World()
-    r, groups = world.cat(batch.rewards), world.cat(batch.groups)
-    m = {
-        "reward/mean": r.mean().item(),
-        "reward/std": r.std().item(),
-        "reward/min": r.min().item(),
-        "reward/max": r.max().item(),
-        "adv/zero_std_frac": float(zero_std_fraction(r, groups)),
-        "time/rollout": batch.rollout_s,
-    }
-    for key, values in (batch.monitored or {}).items():
-        m[key] = world.cat(values.float().to(batch.rewards.device)).mean().item()
-    if batch.base_rewards is not None:
-        # The same prompts and image seeds through the base: a control variate that removes
-        # the prompt-draw noise from the training-reward rise (report/learning.py).
-        base = world.cat(batch.base_rewards)
-        m["reward/base_mean"] = base.mean().item()
-        m["reward/vs_base"] = m["reward/mean"] - m["reward/base_mean"]
-    mine = {}
-    for key in SELECT_KEYS:
-        vals = [p.stats[key] for p in batch.plans if key in p.stats]
-        if vals:
-            mine[key] = sum(vals) / len(vals)
-    ranks = world.all_gather(mine)  # a rank whose plans selected nothing has no select/ess
-    for key in SELECT_KEYS:
-        vals = [r[key] for r in ranks if key in r]
-        if vals:
-            m[key] = sum(vals) / len(vals)
-    return m
 
 
 class Trainer:
@@ -184,8 +147,10 @@ class Trainer:
         return {
             "step": self.step,
             # Only what training changes: a checkpoint of a 0.6 B model with a frozen text
-            # encoder and VAE holds the transformer alone.
-            "policy": {n: p.detach().clone() for n, p in self.policy.named_parameters() if n in self.trained_names},
+            # encoder and VAE holds the transformer alone; copied to the host (not cloned on
+            # the GPU, where a second copy of the weights may not fit).
+            "policy": {n: p.detach().to("cpu", copy=True) for n, p in self.policy.named_parameters()
+                       if n in self.trained_names},
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "generators": {k: g.get_state() for k, g in self.gens.items()},
@@ -252,8 +217,10 @@ class Trainer:
         mine = self.world.shard(len(metas))  # whole groups (check_shardable)
         metas, groups = metas[mine], groups[mine]
         self.policy.eval()
+        m_unc, unc_steps = uncertainty_chains_needed(self.method, ar_steps)
         rollout = self.policy.rollout([m["prompt"] for m in metas], seeds=seeds[mine],
-                                      speculative_steps=speculative_steps_needed(self.method, ar_steps))
+                                      speculative_steps=speculative_steps_needed(self.method, ar_steps),
+                                      extra_chains=m_unc, extra_chain_steps=unc_steps)
         t_roll = time.time() - t0
         # The reward scores CPU images (the world's pixel evaluator); rewards, advantages
         # and the loss are float32 on the policy's device.
@@ -262,6 +229,9 @@ class Trainer:
         monitored = self.monitor(images, metas) if self.monitor else None
         adv = group_advantages(rewards, groups)
         plans = plan_tokens(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
+        if m_unc:  # the plans hold the selected tokens' chains; the others' go now
+            rollout = dataclasses.replace(rollout, steps=[dataclasses.replace(st, extra_chain=None, extra_logp=None)
+                                                          for st in rollout.steps])
         base_rewards = None
         if self.method.paired_base:
             # Noise is a function of the image seeds (models/noise.py), so the base draws
@@ -279,15 +249,15 @@ class Trainer:
         in a row, or an update that makes the weights non-finite, raise NonFiniteError, so
         the weights are finite whenever this returns (rl/loop.py writes them)."""
         t0, t = time.time(), self.tcfg
+        self.last_batch = None  # the previous rollout goes before this one exists
         batch = self.collect()  # rollout -> reward -> group advantages -> token plan
         metrics = batch_metrics(batch, self.world)
         if t.grad_probe_every and self.step % t.grad_probe_every == 0:
             metrics.update(probe_gradients(self, batch))  # same batch, before the update; changes nothing
         skipped = False
         for _ in range(t.inner_epochs):
-            stats = self.compute_grads(batch)  # loss of every AR step -> backward -> all-reduce
-            norms = {"diag/grad_norm_ar": grad_norm(self.ar_params), "diag/grad_norm_head": grad_norm(self.head_params)}
-            if not all(math.isfinite(v) for v in (stats["loss/policy"], stats["loss/kl"], *norms.values())):
+            stats = self.compute_grads(batch, norms=True)  # loss of every AR step -> backward -> all-reduce
+            if not all(math.isfinite(stats[k]) for k in ("loss/policy", "loss/kl", *NORM_KEYS)):
                 skipped = True
                 self.opt.zero_grad(set_to_none=True)
                 break
@@ -297,24 +267,26 @@ class Trainer:
         self.step += 1
         self.nonfinite_in_row = self.nonfinite_in_row + 1 if skipped else 0
         self.nonfinite_total += int(skipped)
-        if not all(bool(torch.isfinite(p).all()) for p in self.policy.parameters()):
+        # only the trained parameters change; one check over all of them, one host sync
+        if not bool(torch.stack([torch.isfinite(p).all() for p in self.trained]).all()):
             raise NonFiniteError(f"the update of step {self.step} made the weights non-finite "
                                  f"(lr {self.sched.get_last_lr()[0]:g}); lower train.lr.")
         if self.nonfinite_in_row >= t.max_nonfinite_in_row:
             raise NonFiniteError(f"{self.nonfinite_in_row} steps in a row had a non-finite loss or gradient "
                                  f"(step {self.step}); lower train.lr or check the reward.")
         metrics.update(stats)
-        metrics.update(norms)
         metrics.update({"diag/lr": self.sched.get_last_lr()[0], "diag/nonfinite_skipped": float(self.nonfinite_total),
                         "time/step": time.time() - t0})
         self.last_batch = batch
         return metrics
 
     def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
-                      plans: list[TokenPlan] | None = None, adv: torch.Tensor | None = None) -> dict[str, float]:
+                      plans: list[TokenPlan] | None = None, adv: torch.Tensor | None = None,
+                      norms: bool = False) -> dict[str, float]:
         """Set .grad to the gradient of the GRPO loss of `batch`, summed over ranks; returns
         loss/policy and loss/kl (summed over ranks) and diag/clipfrac and diag/approx_kl
-        (averaged over ranks).
+        (averaged over ranks); with `norms`, also diag/grad_norm_ar and diag/grad_norm_head
+        of the summed gradient. Every statistic is read from the device in one host sync.
 
             loss = sum over loss AR steps i, head steps j, images b, loss tokens n of
                    image_weight_b * (PPO term + beta_kl * KL)[i, j, b, n] / normaliser
@@ -336,12 +308,12 @@ class Trainer:
         slots = sum(p.n_committed * len(p.head_steps) for p in plans)
         normaliser = max(n_images, 1.0) * max(slots, 1)
         use_kl = self.ref is not None and t.beta_kl > 0
-        losses = {"loss/policy": 0.0, "loss/kl": 0.0}
+        pg_vals, kl_vals = [], []  # [] scalar tensors per AR step, read at the end
         moved = []  # ratio_stats of each scored chain set: how far the policy is from theta_old
         self.opt.zero_grad(set_to_none=True)
         for plan in plans:
             b, width = plan.mask.shape  # B images x L layout tokens of AR step i
-            steps, s = plan.head_steps.tolist(), len(plan.head_steps)  # the S loss head steps
+            steps, s = plan.head_steps.tolist(), len(plan.head_steps)  # the S loss head steps (CPU)
             z_c, z_u = policy.encode(rollout, plan.index)  # [B, N, C] latents of AR step i (cond, null)
             if use_kl:
                 with torch.no_grad():
@@ -362,38 +334,43 @@ class Trainer:
                                                          gather_rows(ref_u, blk.idx), blk.chain, steps,
                                                          rollout.cfg_scale, t.cfg_mode)  # [S, B, g, D]
                     kl_terms.append(gaussian_kl(mean, mean_ref, std))  # [S, B, g]
-            lp, old = torch.cat(lp, dim=2).view(s, -1), torch.cat(old, dim=2).view(s, -1)  # [S, B * L]
+            lp, old = torch.cat(lp, dim=2), torch.cat(old, dim=2)  # [S, B, L]
             # PPO terms: each loss token is scored by its own rollout chain, or, when it is in
             # plan.draw, by the weighted sum over its M chains.
-            rows = plan.single.reshape(-1).nonzero().squeeze(-1)  # [R1] flat index into B * L
-            pieces = [(rows, ppo_clipped_term(lp[:, rows], old[:, rows], adv[rows // width], t.clip_range))]
-            d = plan.draw
+            own = ppo_clipped_term(lp, old, adv.view(1, b, 1), t.clip_range)  # [S, B, L]
+            pieces, d = [], plan.draw
             if d is not None and d.rows.numel():
-                z_rows = [gather_rows(z, plan.positions).reshape(b * width, -1)[d.rows]  # [R2, C]
-                          .unsqueeze(0).expand(d.num_chains, -1, -1) for z in (z_c, z_u)]  # [M, R2, C]
+                # [R2, C]: the M chains of a token share its latents (one head call per step for all)
+                z_rows = [gather_rows(z, plan.positions).reshape(b * width, -1)[d.rows] for z in (z_c, z_u)]
                 lp_d, _, _ = chain_log_probs(policy, *z_rows, d.states, steps, rollout.cfg_scale,
                                              t.cfg_mode)  # [S, M, R2]
                 chain_terms, chain_moved = chain_policy_terms(d, lp_d, adv, t.clip_range, width, plan.head_steps)
                 pieces.append((d.rows, chain_terms.sum(1)))  # [S, R2]
                 moved.append(chain_moved)
-            pg = (transition_sum(token_terms((s, b, width), pieces), plan.mask) * w).sum() / normaliser
-            losses["loss/policy"] += pg.item()
+            pg = (transition_sum(token_terms(own, plan.single, pieces), plan.mask) * w).sum() / normaliser
+            pg_vals.append(pg.detach())
             loss = pg
             if use_kl:
                 kl = (transition_sum(torch.cat(kl_terms, dim=2), plan.mask) * w).sum() / normaliser
-                losses["loss/kl"] += kl.item()
+                kl_vals.append(kl.detach())
                 loss = pg + t.beta_kl * kl
             # Backward per AR step rather than of the summed loss: the same gradient (the
             # steps' gradients add up in .grad), while this step's activations (its transformer
             # pass and every head pass) are freed before the next step's exist.
             loss.backward()
         self.world.all_reduce_grads(self.trained)
-        stats = {**losses, "diag/clipfrac": 0.0, "diag/approx_kl": 0.0}
-        for st in moved:  # the mean over the scored chain sets of each set's mean
-            stats["diag/clipfrac"] += float(st["clipfrac"])
-            stats["diag/approx_kl"] += float(st["approx_kl"])
+        groups = {"loss/policy": pg_vals, "loss/kl": kl_vals, "diag/clipfrac": [st["clipfrac"] for st in moved],
+                  "diag/approx_kl": [st["approx_kl"] for st in moved]}
+        if norms:
+            groups |= dict(zip(NORM_KEYS, (grad_norm(self.ar_params), grad_norm(self.head_params))))
+        read = read_all(groups)
+        # sums in the order of the AR steps and chain sets; clipfrac, approx_kl: mean of the sets' means
+        stats = {k: sum(read[k], 0.0) for k in ("loss/policy", "loss/kl", "diag/clipfrac", "diag/approx_kl")}
         stats["diag/clipfrac"] /= max(len(moved), 1)
         stats["diag/approx_kl"] /= max(len(moved), 1)
         keys = sorted(stats)
         total = dict(zip(keys, self.world.sum([stats[k] for k in keys])))
-        return {k: v if k.startswith("loss/") else v / self.world.size for k, v in total.items()}
+        out = {k: v if k.startswith("loss/") else v / self.world.size for k, v in total.items()}
+        if norms:
+            out |= {k: (read[k] or [0.0])[0] for k in NORM_KEYS}
+        return out

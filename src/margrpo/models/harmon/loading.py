@@ -63,7 +63,11 @@ def expected_tensors(policy: HarmonPolicy) -> dict[str, list[int]]:
 
 
 def load_harmon(root: str | Path, *, image_size: int = 512, num_ar_steps: int = 64, head_steps: int = 100,
-                cfg_scale: float = 3.0, temperature: float = 1.0, device: str | torch.device = "cpu") -> HarmonPolicy:
+                cfg_scale: float = 3.0, temperature: float = 1.0, device: str | torch.device = "cpu",
+                llm_dtype: torch.dtype = torch.float32) -> HarmonPolicy:
+    """Every part built on `device`. llm_dtype: storage dtype of the Qwen2 LLM's weights;
+    bfloat16 only where they stay frozen (LoRA trains float32 factors on top of them), since
+    AdamW steps on bfloat16 weights round small updates away."""
     from transformers import AutoTokenizer
 
     root = Path(root)
@@ -78,6 +82,7 @@ def load_harmon(root: str | Path, *, image_size: int = 512, num_ar_steps: int = 
         check_tensors(files, expected_tensors(build_harmon(config, None, **sampling)), "Harmon model")
     with torch.device(device):
         policy = build_harmon(config, AutoTokenizer.from_pretrained(root), **sampling)
+    policy.llm.to(llm_dtype)  # load_state_dict below casts the stored weights to it
     missing, unexpected = policy.load_state_dict(load_tensors(files), strict=False)
     if unexpected or set(missing) - {"llm.lm_head.weight"}:
         raise WeightsError(f"loading {root} left missing {missing[:3]} / unexpected {unexpected[:3]} tensors")

@@ -108,7 +108,7 @@ class MAR(nn.Module):
         b, buf, n = x.shape[0], self.buffer_size, size[0] * size[1]
         x = self.decoder_embed(x)
         full = self.mask_token.to(x.dtype).expand(b, buf + n, -1)
-        rows = torch.cat([torch.arange(buf).expand(b, -1), known_idx + buf], dim=1).unsqueeze(-1)
+        rows = torch.cat([torch.arange(buf, device=known_idx.device).expand(b, -1), known_idx + buf], dim=1).unsqueeze(-1)
         full = full.scatter(1, rows.expand(-1, -1, x.shape[-1]), x)
         h = full + self._pos(self.decoder_pos_embed_learned, size)
         for blk in self.decoder_blocks:
@@ -117,10 +117,14 @@ class MAR(nn.Module):
         return h + resize_grid(self.diffusion_pos_embed_learned, self.grid, size)
 
 
-def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding [R, dim] of integer timesteps t [R] (cos first), as in DiT."""
+def timestep_freqs(dim: int) -> torch.Tensor:
+    """The dim // 2 frequencies of `timestep_embedding` [dim // 2], as in DiT."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    return torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+
+
+def timestep_embedding(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Sinusoidal embedding [R, 2F] of integer timesteps t [R] at freqs [F] (cos first)."""
     args = t.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -157,6 +161,9 @@ class DiffusionMLP(nn.Module):
         super().__init__()
         self.time_embed = nn.Module()
         self.time_embed.mlp = nn.Sequential(nn.Linear(256, width), nn.SiLU(), nn.Linear(width, width))
+        # Constant table moved with the module (the head runs T times per AR step); not in
+        # the published state dict.
+        self.register_buffer("freqs", timestep_freqs(256), persistent=False)
         self.cond_embed = nn.Linear(z_dim, width)
         self.input_proj = nn.Linear(in_dim, width)
         self.res_blocks = nn.ModuleList(AdaLNBlock(width) for _ in range(depth))
@@ -164,7 +171,7 @@ class DiffusionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         h = self.input_proj(x)
-        y = self.time_embed.mlp(timestep_embedding(t, 256).to(h.dtype)) + self.cond_embed(z)
+        y = self.time_embed.mlp(timestep_embedding(t, self.freqs).to(h.dtype)) + self.cond_embed(z)
         for blk in self.res_blocks:
             h = blk(h, y)
         return self.final_layer(h, y)

@@ -73,8 +73,10 @@ class HarmonPolicy(MARAdapter):
 
     def apply_options(self, *, gradient_checkpointing: bool = False, **kw) -> None:
         super().apply_options(gradient_checkpointing=gradient_checkpointing, **kw)
-        if gradient_checkpointing:
-            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if gradient_checkpointing:  # Qwen2's own per-layer checkpointing (transformers >= 5)
+            self.llm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.llm.activation_checkpointing_disable()
 
     # ---- parameter groups -----------------------------------------------------------
     def ar_modules(self) -> list[nn.Module]:
@@ -96,8 +98,9 @@ class HarmonPolicy(MARAdapter):
         ids = [self.tokenizer.encode(t, add_special_tokens=True) for t in texts]
         length = max(len(i) for i in ids)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        mask = torch.tensor([[1] * len(i) + [0] * (length - len(i)) for i in ids], dtype=torch.bool)
-        ids = torch.tensor([i + [pad] * (length - len(i)) for i in ids], dtype=torch.long)
+        dev = self.device
+        mask = torch.tensor([[1] * len(i) + [0] * (length - len(i)) for i in ids], dtype=torch.bool, device=dev)
+        ids = torch.tensor([i + [pad] * (length - len(i)) for i in ids], dtype=torch.long, device=dev)
         return {"ids": ids, "mask": mask}
 
     # ---- MARPolicy ------------------------------------------------------------------
@@ -116,12 +119,15 @@ class HarmonPolicy(MARAdapter):
             x = self.mar.encode(tokens, kidx, self.grid, self.run_block)  # [2B, buf + k, W]
             h = self.proj_in(x)
             h = torch.cat([h[:, buf:], h[:, :buf]], dim=1)  # buffer rows last: they see every token
-            attn = torch.cat([cond["mask"], torch.ones(2 * b, h.shape[1], dtype=torch.bool)], dim=1)
+            attn = torch.cat([cond["mask"], cond["mask"].new_ones(2 * b, h.shape[1])], dim=1)
             pos = (attn.long().cumsum(1) - 1).clamp_min(0)
             llm_model = self.llm.get_decoder() if hasattr(self.llm, "get_decoder") else self.llm.model
             llm_model.train(self.gradient_checkpointing and torch.is_grad_enabled())  # HF checkpoints in train mode
-            out = llm_model(inputs_embeds=torch.cat([text.to(h.dtype), h], dim=1), attention_mask=attn.long(),
-                            position_ids=pos, use_cache=False).last_hidden_state[:, -h.shape[1]:]
+            embeds = torch.cat([text.to(h.dtype), h], dim=1)
+            if text.dtype != torch.float32:  # the LLM stores bfloat16 base weights (LoRA, model.llm_dtype)
+                embeds = embeds.to(text.dtype)
+            out = llm_model(inputs_embeds=embeds, attention_mask=attn.long(), position_ids=pos,
+                            use_cache=False).last_hidden_state[:, -h.shape[1]:].to(h.dtype)
             llm_model.eval()
             out = torch.cat([out[:, -buf:], out[:, :-buf]], dim=1)
             z = self.mar.decode(x + self.proj_out(out), kidx, self.grid, self.run_block)

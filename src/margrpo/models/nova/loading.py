@@ -34,7 +34,11 @@ def transformer_manifest(config: dict) -> dict[str, list[int]]:
 
 
 def load_nova(root: str | Path, *, num_ar_steps: int = 64, head_steps: int = 25, cfg_scale: float = 5.0,
-              temperature: float = 1.0, device: str | torch.device = "cpu") -> NOVAPolicy:
+              temperature: float = 1.0, device: str | torch.device = "cpu",
+              text_dtype: torch.dtype = torch.float32) -> NOVAPolicy:
+    """Every part built on `device`, the weights read straight into it. text_dtype: storage
+    dtype of the Phi-2 text encoder (frozen unless model.train_text_encoder; bfloat16 halves
+    its 2.8 G parameters to 5.6 GB). The transformer and the VAE stay float32."""
     from diffusers import AutoencoderKL
     from transformers import AutoModel, AutoTokenizer
 
@@ -46,9 +50,9 @@ def load_nova(root: str | Path, *, num_ar_steps: int = 64, head_steps: int = 25,
     with torch.device(device):
         transformer = NOVATransformer(**config)
     transformer.load_state_dict(load_tensors(files))
-    text_encoder = AutoModel.from_pretrained(root / "text_encoder").to(device).eval()
+    text_encoder = AutoModel.from_pretrained(root / "text_encoder", dtype=text_dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
-    vae = AutoencoderKL.from_pretrained(root / "vae").to(device).eval()
+    vae = AutoencoderKL.from_pretrained(root / "vae", torch_dtype=torch.float32).to(device).eval()
     shift = float(read_json(root / "scheduler" / "scheduler_config.json").get("shift", 1.0))
     return NOVAPolicy(transformer, text_encoder, tokenizer, vae, flow_shift=shift, num_ar_steps=num_ar_steps,
                       head_steps=head_steps, cfg_scale=cfg_scale, temperature=temperature).eval()

@@ -87,18 +87,21 @@ class NOVAPolicy(MARAdapter):
         texts = list(prompts) + [""] * len(prompts)
         ids = [self.tokenizer(p, padding="max_length", max_length=length, truncation=True).input_ids for p in texts]
         lens = [len(self.tokenizer(p, max_length=length, truncation=True).input_ids) for p in texts]
-        cond = {"ids": torch.as_tensor(ids, dtype=torch.long), "lens": torch.as_tensor(lens, dtype=torch.long)}
+        dev = self.device
+        cond = {"ids": torch.as_tensor(ids, dtype=torch.long, device=dev),
+                "lens": torch.as_tensor(lens, dtype=torch.long, device=dev)}
         with torch.no_grad():
             cond["text"] = self.text_states(cond)
         return cond
 
     def text_states(self, cond: dict) -> torch.Tensor:
         """Text-encoder states with each prompt's positions past its length replaced by the
-        learned filler rows: [2B, L, Dt]."""
+        learned filler rows: [2B, L, Dt] in the transformer's dtype (float32; the encoder may
+        be stored in bfloat16, model.llm_dtype)."""
         ids, lens = cond["ids"], cond["lens"]
-        states = self.text_encoder(input_ids=ids).last_hidden_state
-        filler = self.transformer.text_embed.weight[: ids.shape[1]].to(states.dtype)
-        inside = torch.arange(ids.shape[1]).unsqueeze(0) < lens.unsqueeze(1)  # [2B, L]
+        filler = self.transformer.text_embed.weight[: ids.shape[1]]
+        states = self.text_encoder(input_ids=ids).last_hidden_state.to(filler.dtype)
+        inside = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < lens.unsqueeze(1)  # [2B, L]
         return torch.where(inside.unsqueeze(-1), states, filler.expand_as(states))
 
     # ---- MARPolicy ------------------------------------------------------------------

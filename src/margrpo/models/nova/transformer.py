@@ -61,9 +61,14 @@ def sincos_2d(dim: int, h: int, w: int) -> torch.Tensor:
     return torch.cat([fx.sin(), fx.cos(), fy.sin(), fy.cos()], dim=-1)
 
 
-def freq_embed(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding [R, dim] of timesteps t [R] (0..1000 scale), cos first."""
-    freq = torch.exp(torch.arange(dim // 2, dtype=torch.float32) * (-math.log(10000.0) / (dim // 2)))
+def timestep_freqs(dim: int) -> torch.Tensor:
+    """The dim // 2 frequencies of `freq_embed` [dim // 2] (on the current default device)."""
+    return torch.exp(torch.arange(dim // 2, dtype=torch.float32) * (-math.log(10000.0) / (dim // 2)))
+
+
+def freq_embed(t: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """Sinusoidal embedding [R, 2F] of timesteps t [R] (0..1000 scale) at frequencies freq
+    [F] (timestep_freqs), cos first."""
     arg = t.float().unsqueeze(-1) * freq
     return torch.cat([arg.cos(), arg.sin()], dim=-1)
 
@@ -165,6 +170,9 @@ class TimeCondEmbed(nn.Module):
     def __init__(self, cond_dim: int, width: int, freq_dim: int = 256):
         super().__init__()
         self.freq_dim = freq_dim
+        # Constant table, kept with the module's parameters (moved by .to) so the head's
+        # T steps per AR step build nothing on the host; not in the published state dict.
+        self.register_buffer("freqs", timestep_freqs(freq_dim), persistent=False)
         self.timestep_proj = Projector(freq_dim, width, width)
         self.condition_proj = Projector(cond_dim, width, width)
 
@@ -182,7 +190,7 @@ class DiffusionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, timestep: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         tc = self.time_cond_embed
-        temb = tc.timestep_proj(freq_embed(timestep, tc.freq_dim).to(z.dtype))
+        temb = tc.timestep_proj(freq_embed(timestep, tc.freqs).to(z.dtype))
         z = tc.condition_proj(z) + temb
         h = patch_linear(self.patch_embed.proj, x)
         for blk in self.blocks:
@@ -215,11 +223,13 @@ class VideoPosEmbed(nn.Module):
         self.grid = grid
         self.time_proj = nn.Sequential(nn.Linear(256, width), nn.SiLU(), nn.Linear(width, width))
         self.norm = nn.LayerNorm(width)
+        # sin(0) = 0, cos(0) = 1 over 128 frequencies: frame 0's time features [1, 256].
+        self.register_buffer("frame0_features", torch.cat([torch.zeros(1, 128), torch.ones(1, 128)], dim=-1),
+                             persistent=False)
 
     def frame0(self) -> torch.Tensor:
-        """Time embedding of frame 0 [1, W]: sin(0) = 0, cos(0) = 1 over 128 frequencies."""
-        sincos = torch.cat([torch.zeros(1, 128), torch.ones(1, 128)], dim=-1).to(self.norm.weight)
-        return self.norm(self.time_proj(sincos))
+        """Time embedding of frame 0 [1, W]."""
+        return self.norm(self.time_proj(self.frame0_features.to(self.norm.weight)))
 
 
 class NOVATransformer(nn.Module):
@@ -266,6 +276,11 @@ class NOVATransformer(nn.Module):
         self.video_pos_embed = VideoPosEmbed(vw, self.video_base)
         self.num_tokens = grid[0] * grid[1]
         self.token_dim = self.patch * self.patch * image_dim
+        # Fixed 2D sin-cos position tables of the frame condition [Nv, W] and of the image
+        # tokens [N, W], built once on the module's device and moved with it (non-persistent:
+        # not in the published state dict).
+        self.register_buffer("video_pos", sincos_2d(vw, *self.video_base), persistent=False)
+        self.register_buffer("image_pos", sincos_2d(iw, *self.image_base), persistent=False)
         for t in (self.mask_embed.bos_token, self.mask_embed.mask_token, self.text_embed.weight):
             nn.init.normal_(t, std=0.02)  # as NOVA initialises them (checkpoints overwrite)
 
@@ -276,8 +291,8 @@ class NOVATransformer(nn.Module):
     def frame_condition(self, text: torch.Tensor, run=None) -> torch.Tensor:
         """The video encoder over [text ; bos tokens of frame 0] -> c [B, Nv, W]."""
         run = run or (lambda blk, x: blk(x))
-        b, w = text.shape[0], text.shape[-1]
-        pos = sincos_2d(w, *self.video_base).to(text)
+        b = text.shape[0]
+        pos = self.video_pos.to(text)
         c = (self.mask_embed.bos_token + self.video_pos_embed.frame0()) + pos
         x = torch.cat([text, c.expand(b, -1, -1)], dim=1)
         for blk in self.video_encoder.blocks:
@@ -294,7 +309,7 @@ class NOVATransformer(nn.Module):
         x = patch_linear(enc.patch_embed.proj, tokens)
         known = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device).scatter_(1, known_idx, True)
         x = torch.where(known.unsqueeze(-1), x, self.mask_embed.mask_token.to(x))
-        x = x + sincos_2d(x.shape[-1], *self.image_base).to(x)
+        x = x + self.image_pos.to(x)
         rows = known_idx.unsqueeze(-1).expand(-1, -1, x.shape[-1])
         h = torch.cat([c, x.gather(1, rows)], dim=1)
         half = len(enc.blocks) // 2

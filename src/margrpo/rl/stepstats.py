@@ -1,0 +1,58 @@
+"""What a training step reports (Trainer.train_step): the batch's statistics and the
+gradient norms, read from the device in as few host syncs as possible (hostsync.read_all:
+one per call). On a GPU every read of a device value makes the host wait for the device; the
+benchmark counts them (margrpo.hostsync, scripts/bench_step_time.py)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from margrpo.hostsync import read_all
+from margrpo.rl.advantages import zero_std_fraction
+from margrpo.rl.distributed import World
+from margrpo.rl.plan import CONSISTENCY_KEYS
+
+if TYPE_CHECKING:
+    from margrpo.rl.trainer import Batch
+
+# Mean over the plans of these per-step selection statistics goes into the step metrics.
+SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
+NORM_KEYS = ("diag/grad_norm_ar", "diag/grad_norm_head")
+
+
+def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
+    """reward/*, adv/*, select/* and time/rollout of one batch. Over ranks: reward/* and adv/*
+    of the gathered global batch (exact), select/* the mean of the ranks' means. The device
+    values are read in one host sync."""
+    world = world or World()
+    r, groups = world.cat(batch.rewards), world.cat(batch.groups)
+    values = {"reward/mean": r.mean(), "reward/std": r.std(), "reward/min": r.min(), "reward/max": r.max(),
+              "adv/zero_std_frac": zero_std_fraction(r, groups)}
+    for key, v in (batch.monitored or {}).items():
+        values[key] = world.cat(v.float().to(batch.rewards.device)).mean()
+    if batch.base_rewards is not None:
+        # The same prompts and image seeds through the base: a control variate that removes
+        # the prompt-draw noise from the training-reward rise (report/learning.py).
+        values["reward/base_mean"] = world.cat(batch.base_rewards).mean()
+    m = {k: v[0] for k, v in read_all({k: [v] for k, v in values.items()}).items()}
+    m["time/rollout"] = batch.rollout_s
+    if batch.base_rewards is not None:
+        m["reward/vs_base"] = m["reward/mean"] - m["reward/base_mean"]
+    mine = {}
+    for key in SELECT_KEYS:
+        vals = [p.stats[key] for p in batch.plans if key in p.stats]
+        if vals:
+            mine[key] = sum(vals) / len(vals)
+    ranks = world.all_gather(mine)  # a rank whose plans selected nothing has no select/ess
+    for key in SELECT_KEYS:
+        vals = [r[key] for r in ranks if key in r]
+        if vals:
+            m[key] = sum(vals) / len(vals)
+    return m
+
+
+def grad_norm(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """[the L2 norm of the parameters' gradients], or [] when none has one (a frozen group)."""
+    gs = [p.grad for p in params if p.grad is not None]
+    return [torch.linalg.vector_norm(torch.stack([g.norm() for g in gs]))] if gs else []
