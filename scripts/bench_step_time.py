@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6] \
         [--methods grpo_frozen,mar_grpo] [--device auto] [--dtype float32] [--no-legacy] \
-        [-S train.group_size=4]
+        [--threads 1] [--syncs-detail 10] [-S train.group_size=4]
 
 For a profile, merge it into a copy first (scripts/gpu_check.sh does):
     cp params.yaml /tmp/p.yaml && python -m pipeline.profile params_gpu.yaml --params /tmp/p.yaml --apply
@@ -14,6 +14,9 @@ alike; a step is rollout + reward + selection/estimator draws + loss + update; s
 warm-up and the gradient probe is off. Per step it prints the median wall-clock seconds and
 the median CPU seconds of this process (on a machine shared with other jobs the wall clock
 also measures them; the CPU seconds are this process's own work), and the ratios of both.
+On the CPU, --threads 1 is the study's setting (runtime.nproc auto runs two single-thread
+ranks on two cores) and the stable one on a shared machine: two threads that wait for each
+other spin, so another job's load inflates even their CPU seconds.
 
 Host syncs: one more step per method under margrpo.hostsync.HostSyncCounter, which counts
 the reads of device values the project's code makes (item, tolist, bool / float / int,
@@ -80,9 +83,13 @@ def main() -> None:
     ap.add_argument("--legacy", action="store_true", help="time the old rollout noise on CUDA too")
     ap.add_argument("--no-legacy", action="store_true", help="skip the old rollout noise on the CPU")
     ap.add_argument("--syncs-detail", type=int, default=0, metavar="N", help="print the N busiest read sites")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default); 1 is what each of the study's CPU ranks uses")
     ap.add_argument("-S", dest="sets", action="append", default=[], help="dotted key=value override")
     add_runtime_args(ap)
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = resolve(a)
     params = load_params(a.params, parse_overrides(a.sets) | {"runtime.device": a.device, "runtime.dtype": a.dtype})
     prompts = make_prompt_set("train", params.world.train_prompts_per_tag, params.world.seed)

@@ -1,10 +1,11 @@
 """Peak memory of one rollout and one training step of NOVA-0.6B and Harmon-1.5B at their
 published resolution (512 px, 1024 tokens), and the largest batch that fits on an 80 GB GPU.
 
-    .venv/bin/python scripts/memory.py                       # both models, mar_grpo and grpo
-    .venv/bin/python scripts/memory.py --model nova --batch 16 --no-checkpointing
+    .venv/bin/python scripts/memory.py       # both models, mar_grpo and grpo, checkpointing on and off
+    .venv/bin/python scripts/memory.py --model nova --method mar_grpo --checkpointing on --batch 32
 
-A full-size run does not fit this machine (NOVA's fixed state alone is 19 GB), so the peak
+A full-size run does not fit this machine (NOVA's fixed training state alone is 17 GiB,
+Harmon's 41 GiB), nor would its compute on two CPU cores, so the peak
 is assembled from parts, each either counted exactly or measured on the CPU:
 
 - fixed bytes, counted: every parameter and buffer of the published architectures built on
@@ -259,11 +260,12 @@ def depth_features(kind: str, depth: tuple[int, int], b: int) -> tuple[float, ..
     return (1.0, float(b), float(b * depth[0]), float(b * depth[1]))
 
 
-def measure(kind: str, method: str, checkpointing: bool, llm_dtype, log) -> dict:
+def measure(kind: str, method: str, checkpointing: list[bool], llm_dtype, log) -> dict:
+    """Fitted coefficients of every measured part (module docstring); acts per checkpointing."""
     from adapter_fixtures import word_tokenizer
 
     tok = word_tokenizer()
-    batches, rec, trans, acts = {}, [], [], []
+    batches, rec, trans, acts = {}, [], [], {c: [] for c in checkpointing}
     for b in (2, 4):
         batches[b], r = record(kind, method, b, tok)
         rec.append(((1.0, float(b)), float(r)))
@@ -273,36 +275,40 @@ def measure(kind: str, method: str, checkpointing: bool, llm_dtype, log) -> dict
     for depth in PROBE_DEPTHS[kind]:
         torch.manual_seed(0)
         policy = measuring_policy(kind, depth, tok, llm_dtype)
-        runs = (2, 4) if depth == PROBE_DEPTHS[kind][0] else (2,)
-        for b in runs:
-            t0 = time.time()
-            a = step_activations(policy, kind, method, batches[b], checkpointing, probe_steps)
-            acts.append((depth_features(kind, depth, b), float(a)))
-            log(f"{kind} {method} ckpt={checkpointing} depth {depth} B={b}: step activations {a / GIB:.3f} GiB "
-                f"({time.time() - t0:.0f} s)")
-            if depth == PROBE_DEPTHS[kind][0]:
+        first = depth == PROBE_DEPTHS[kind][0]
+        for b in (2, 4) if first else (2,):
+            if first:
                 step, decode = rollout_transients(policy, batches[b])
                 cond = cond_bytes(batches[b].rollout.cond)  # at full text width
                 trans.append(((1.0, float(b)), float(step), float(decode), float(cond)))
                 log(f"{kind} rollout transients B={b}: AR step {step / GIB:.3f}, decode/image {decode / GIB:.3f}, "
                     f"text cond {cond / GIB:.4f} GiB")
-    return {"record": fit(rec), "acts": fit(acts), "step": fit([(x, s) for x, s, _, _ in trans]),
-            "cond": fit([(x, c) for x, _, _, c in trans]), "decode": max(d for _, _, d, _ in trans)}
+            for c in checkpointing:
+                t0 = time.time()
+                a = step_activations(policy, kind, method, batches[b], c, probe_steps)
+                acts[c].append((depth_features(kind, depth, b), float(a)))
+                log(f"{kind} {method} checkpointing={c} depth {depth} B={b}: step activations {a / GIB:.3f} GiB "
+                    f"({time.time() - t0:.0f} s)")
+    return {"record": fit(rec), "acts": {c: fit(v) for c, v in acts.items()},
+            "step": fit([(x, s) for x, s, _, _ in trans]), "cond": fit([(x, c) for x, _, _, c in trans]),
+            "decode": max(d for _, _, d, _ in trans)}
 
 
-def predict(kind: str, fx: dict, m: dict, b: int) -> tuple[float, float]:
+def linear(coef: torch.Tensor, *x: float) -> float:
+    return float(coef @ torch.tensor(x, dtype=torch.float64))
+
+
+def predict(kind: str, fx: dict, m: dict, ckpt: bool, b: int) -> tuple[float, float]:
     """(rollout peak, training step peak) in bytes at batch b and full depth."""
-    record = float(m["record"] @ torch.tensor([1.0, b], dtype=torch.float64)) + \
-        float(m["cond"] @ torch.tensor([1.0, b], dtype=torch.float64))
-    step = float(m["step"] @ torch.tensor([1.0, b], dtype=torch.float64))
-    rollout = fx["weights"] + record + max(step, m["decode"] * b)
-    act = float(m["acts"] @ torch.tensor(depth_features(kind, FULL_DEPTH[kind], b), dtype=torch.float64))
+    record = linear(m["record"], 1.0, b) + linear(m["cond"], 1.0, b)
+    rollout = fx["weights"] + record + max(linear(m["step"], 1.0, b), m["decode"] * b)
+    act = linear(m["acts"][ckpt], *depth_features(kind, FULL_DEPTH[kind], b))
     return rollout, fx["weights"] + fx["optimizer"] + record + act
 
 
-def largest_batch(kind: str, fx: dict, m: dict, budget: float, which: int) -> int:
+def largest_batch(kind: str, fx: dict, m: dict, ckpt: bool, budget: float) -> int:
     b = 0
-    while b < 4096 and predict(kind, fx, m, b + 1)[which] <= budget:
+    while b < 4096 and max(predict(kind, fx, m, ckpt, b + 1)) <= budget:
         b += 1
     return b
 
@@ -312,30 +318,31 @@ def main() -> None:
     ap.add_argument("--model", nargs="+", choices=["nova", "harmon"], default=["nova", "harmon"])
     ap.add_argument("--method", nargs="+", default=["mar_grpo", "grpo"])
     ap.add_argument("--batch", type=int, default=16, help="images per GPU (rank) for the table")
-    ap.add_argument("--no-checkpointing", action="store_true", help="model.gradient_checkpointing false")
+    ap.add_argument("--checkpointing", nargs="+", choices=["on", "off"], default=["on", "off"],
+                    help="model.gradient_checkpointing settings to measure")
     ap.add_argument("--llm-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="model.llm_dtype")
     ap.add_argument("--budget-gib", type=float, default=0.9 * 79.1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     llm_dtype = getattr(torch, args.llm_dtype)
-    ckpt = not args.no_checkpointing
+    ckpts = [c == "on" for c in args.checkpointing]
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     rows = []
     for kind in args.model:
         for method in args.method:
             fx = fixed(kind, method, llm_dtype)
-            m = measure(kind, method, ckpt, llm_dtype, log)
-            ro, st = predict(kind, fx, m, args.batch)
-            fits = largest_batch(kind, fx, m, args.budget_gib * GIB, 1)
-            rows.append(f"| {kind} | {method} | {'on' if ckpt else 'off'} | {fx['weights'] / GIB:.1f} | "
-                        f"{fx['trained'] / 1e9:.2f} G, {fx['optimizer'] / GIB:.1f} | {args.batch} | {ro / GIB:.1f} | "
-                        f"{st / GIB:.1f} | {fits} |")
-    print(f"peak memory at 512 px, float32 transformer, model.llm_dtype {args.llm_dtype}; "
-          f"fits: training step <= {args.budget_gib:.1f} GiB")
-    print("| model | method | checkpointing | weights GiB | trained params, grad + AdamW + KL ref GiB | batch | "
-          "rollout peak GiB | step peak GiB | largest batch that fits |")
-    print("|---|---|---|---|---|---|---|---|---|")
+            m = measure(kind, method, ckpts, llm_dtype, log)
+            for c in ckpts:
+                ro, st = predict(kind, fx, m, c, args.batch)
+                rows.append(f"| {kind} | {method} | {'on' if c else 'off'} | {fx['weights'] / GIB:.1f} | "
+                            f"{fx['trained'] / 1e9:.2f} G: {fx['optimizer'] / GIB:.1f} | {ro / GIB:.1f} | "
+                            f"{st / GIB:.1f} | {largest_batch(kind, fx, m, c, args.budget_gib * GIB)} |")
+    print(f"512 px, float32 transformer, model.llm_dtype {args.llm_dtype}, {args.batch} images per GPU; "
+          f"fits: both peaks <= {args.budget_gib:.1f} GiB")
+    print("| model | method | checkpointing | weights GiB | trained parameters: gradient + AdamW + KL reference GiB "
+          f"| rollout peak GiB (B={args.batch}) | training step peak GiB (B={args.batch}) | largest B that fits |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

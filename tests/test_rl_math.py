@@ -201,6 +201,20 @@ def test_gradprobe_two_estimates():
     assert w.grad is None
 
 
+def test_pair_stats_per_parameter_equal_those_of_the_flat_vectors():
+    """The trainer's probe hands pair_stats a model's gradients as they are, one tensor per
+    parameter (no float64 copy of the whole model): the same numbers as the flat vectors."""
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g)]
+    b = [x + 0.5 * torch.randn(x.shape, generator=g) for x in a]
+    flat = pair_stats(*(torch.cat([x.reshape(-1) for x in v]).double() for v in (a, b)))
+    parts = pair_stats(a, b)
+    assert parts == pytest.approx(flat, rel=1e-12)
+    assert 0.5 < parts["cosine"] < 1.0 and parts["snr"] > 0
+    with pytest.raises(ValueError, match="parts"):
+        pair_stats(a, b[:1])
+
+
 def _gaussian_policy_halves(shuffle: bool, batches: int = 200, p: int = 64, prompts: int = 8,
                             group: int = 8, seed: int = 0) -> tuple[float, float]:
     """Mean (snr, cosine) of the two half-batch policy gradients of a Gaussian policy

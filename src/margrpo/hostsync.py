@@ -50,8 +50,11 @@ _PROJECT_DIR = str(Path(__file__).resolve().parent)
 class HostSyncCounter(TorchFunctionMode):
     """`with HostSyncCounter() as c: ...`; then c.total and c.sites ("file:line read" -> count)."""
 
-    def __init__(self, host_tensors=()) -> None:
+    def __init__(self, host_tensors=(), code_dir: str | Path = _PROJECT_DIR) -> None:
+        """host_tensors: tensors made before the block that live on the CPU in every run;
+        code_dir: the reads of code under this folder count (default: the margrpo package)."""
         super().__init__()
+        self._code_dir = str(Path(code_dir).resolve())
         self._host: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         for t in host_tensors:
             self._host[id(t)] = t
@@ -69,7 +72,7 @@ class HostSyncCounter(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         if self._is_read(name, args, kwargs, tensors):
-            site = _project_site()
+            site = _code_site(self._code_dir)
             if site is not None:
                 self.sites[f"{site} {name}"] += 1
         out = func(*args, **kwargs)
@@ -104,18 +107,27 @@ class HostSyncCounter(TorchFunctionMode):
         return bool(tensors) and all(self._is_host(t) for t in tensors)
 
 
-def _project_site() -> str | None:
-    """'file:line' of the code that made the read when it is the project's, else None."""
+def _code_site(code_dir: str) -> str | None:
+    """'file:line' of the code that made the read when it lies under code_dir, else None."""
     frame = sys._getframe(2)
     while frame is not None and (frame.f_code.co_filename in _DISPATCH or frame.f_code.co_filename == __file__):
         frame = frame.f_back
-    if frame is None or not frame.f_code.co_filename.startswith(_PROJECT_DIR):
+    if frame is None or not frame.f_code.co_filename.startswith(code_dir + "/"):
         return None
-    return f"{Path(frame.f_code.co_filename).relative_to(_PROJECT_DIR).as_posix()}:{frame.f_lineno}"
+    return f"{Path(frame.f_code.co_filename).relative_to(code_dir).as_posix()}:{frame.f_lineno}"
 
 
-def read_all(groups: dict[str, list[torch.Tensor]]) -> dict[str, list[float]]:
-    """The values of scalar tensors, grouped by name, read from the device in one host sync."""
-    flat = [v.reshape(()).double() for vals in groups.values() for v in vals]
-    values = iter(torch.stack(flat).tolist() if flat else [])
-    return {k: [next(values) for _ in vals] for k, vals in groups.items()}
+def read_all(groups: dict[str, list[torch.Tensor]]) -> dict[str, list]:
+    """The values of tensors, grouped by name, read from the device in one host sync: per
+    group, one Python float per 0-dim tensor and one list of floats per other tensor
+    (float64 on the way, which holds float32 and integer counts exactly)."""
+    tensors = [v for vals in groups.values() for v in vals]
+    flat = torch.cat([v.reshape(-1).double() for v in tensors]).tolist() if tensors else []
+    out, at = {}, 0
+    for k, vals in groups.items():
+        out[k] = []
+        for v in vals:
+            n = v.numel()
+            out[k].append(flat[at] if v.dim() == 0 else flat[at:at + n])
+            at += n
+    return out

@@ -91,7 +91,7 @@ def shared_guided_output(
     r = xf.shape[1]
     if cond is None:
         t = torch.full((2 * r,), policy.sampler.time_input(j), device=x.device)
-        cond = policy.head_condition(t, torch.cat([z_c.reshape(r, -1), z_u.reshape(r, -1)]))
+        cond = policy.head_condition(t, torch.cat([z_c.reshape(r, z_c.shape[-1]), z_u.reshape(r, z_u.shape[-1])]))
     out = policy.head_apply(torch.cat([xf, xf], dim=1), cond)  # [K, 2R, D']
     g = _guide(policy, out[:, :r], out[:, r:], cfg_scale, cfg_mode)
     return g.reshape(k, *rows, g.shape[-1]), cond

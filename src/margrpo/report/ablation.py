@@ -101,7 +101,8 @@ def grid(methods: Mapping[str, Mapping]) -> list[Point]:
             f"params.yaml methods has no method for {', '.join(missing)}: the grid needs, at the study's budget, "
             "grpo (freeze_head: false), grpo_frozen (freeze_head: true, estimator: single) and a frozen-head top-k "
             "method per estimator (estimator: resample and estimator: posterior, topk: true); add the missing one to "
-            "params.yaml and dvc.yaml and commit the study with it (dvc repro) before queueing")
+            "params.yaml's methods (dvc.yaml's stages iterate over them) and commit the study with it (dvc repro) "
+            "before queueing")
     mte = {e: r[e] for e in ESTIMATORS}
     points = [Point(f"abl-k{v:g}", "k", v, (f"k={v:g}",), mte) for v in K_VALUES if v != CENTRE["k"]]
     points += [Point(f"abl-m{v}", "M", v, (f"num_trajectories={v}",), mte) for v in M_VALUES

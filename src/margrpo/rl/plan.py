@@ -11,6 +11,13 @@
    keyed by the rollout's seeds), so a token's chains do not depend on the batch or rank it
    is in; `draw` picks independent repeats.
 
+Cost: when the candidates are committed tokens (`uncertainty_chains_needed`), the rollout
+draws the M uncertainty chains beside its own (models/chains.py: they share the step's
+transformer pass and the head's conditioning), on the same streams, so the plan neither
+re-encodes the step nor runs the head for them; `resample` then reuses the selected tokens'
+chains and their recorded log-probs. The plan reads the device once per loss AR step (the
+selected tokens' indices) and once for all its statistics.
+
 The trainer then scores each loss token once per loss head step: by its own rollout chain,
 or, for the tokens in `TokenPlan.draw`, by the weighted sum over their M chains.
 
@@ -63,12 +70,17 @@ class LossTokens(NamedTuple):
 
     blocks: tuple[Block, ...]  # committed, then speculative (committed+speculative scope)
     mask: torch.Tensor  # [B, L] bool loss tokens of the layout
-    stats: dict[str, float]  # CONSISTENCY_KEYS (with the consistency filter)
+    stat_values: torch.Tensor | None  # [len(CONSISTENCY_KEYS)] on the device (with the consistency filter)
 
     @property
     def positions(self) -> torch.Tensor:
         """[B, L] long token positions of the layout."""
         return torch.cat([b.idx for b in self.blocks], dim=1)
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """CONSISTENCY_KEYS -> value (one host read; plan_tokens reads every step's at once)."""
+        return {} if self.stat_values is None else dict(zip(CONSISTENCY_KEYS, self.stat_values.tolist()))
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,22 +132,22 @@ def loss_tokens(rollout: Rollout, i: int, method: ResolvedMethod, reference: flo
     dev = rollout.tokens.device
     committed = torch.zeros(b, n_tok, dtype=torch.bool, device=dev).scatter_(1, st.commit_idx, True)
     keep = torch.ones(b, n_tok, dtype=torch.bool, device=dev)
-    stats: dict[str, float] = {}
+    stat_values = None
     if method.token_scope == "committed+speculative" and st.spec_chain is not None:
         if method.consistency:
             prev = rollout.steps[i - 1].speculative if i > 0 else None
             rule = method.consistency_rule
             keep = consistency_keep(st.speculative, rollout.tokens, method.tau, rule, committed, prev, reference)
             # Diagnostics only (nothing below feeds `keep`): the same score over the step's
-            # speculative tokens [B, m_i], read together with the kept fraction in one sync.
+            # speculative tokens [B, m_i], kept with the kept fraction in one device tensor.
             spec_score = torch.gather(consistency_score(st.speculative, rollout.tokens, rule, prev, reference), 1,
                                       st.spec_idx)
             frac = torch.gather(keep, 1, st.spec_idx).float().mean().view(1)
-            stats.update(zip(CONSISTENCY_KEYS, torch.cat([frac, consistency_diagnostics(spec_score)]).tolist()))
+            stat_values = torch.cat([frac, consistency_diagnostics(spec_score)])
         blocks.append(Block(st.spec_idx, st.spec_chain, st.spec_logp))
     full = loss_token_mask(committed, keep, method.token_scope, st.known)
     positions = torch.cat([blk.idx for blk in blocks], dim=1)  # [B, L]
-    return LossTokens(tuple(blocks), torch.gather(full, 1, positions), stats)
+    return LossTokens(tuple(blocks), torch.gather(full, 1, positions), stat_values)
 
 
 def uncertainty_chains_needed(method: ResolvedMethod, ar_steps: list[int]) -> tuple[int, list[int]]:
@@ -220,7 +232,8 @@ def plan_tokens(
     (chains drawn here, or estimator log-probs not recorded at rollout)."""
     steps = [loss_tokens(rollout, i, method, policy.consistency_reference) for i in ar_steps]
     if method.estimator == "single":
-        return [TokenPlan(i, hs, t.blocks, t.mask, None, t.stats) for i, hs, t in zip(ar_steps, head_steps, steps)]
+        cons = _consistency_stats(steps, read_all({"cons": [t.stat_values for t in steps if t.stat_values is not None]}))
+        return [TokenPlan(i, hs, t.blocks, t.mask, None, st) for i, hs, t, st in zip(ar_steps, head_steps, steps, cons)]
     positions = [t.positions for t in steps]
     # Candidates for the multi-trajectory estimate: all loss tokens, or only the ones
     # committed at their step (mte_scope "committed", the paper's tokens).
@@ -278,7 +291,8 @@ def plan_tokens(
     # sums (per step, float32, the map being 0 outside the candidates) and the median
     # effective sample size of every step that has chains.
     with_chains = [d for d in draws if d.ess.numel()]
-    groups = {"ess": [d.ess.median() for d in with_chains]}
+    groups = {"ess": [d.ess.median() for d in with_chains],
+              "cons": [t.stat_values for t in steps if t.stat_values is not None]}
     if method.topk:
         groups |= {"cand": [c.sum() for c in cands], "sel": [x.sum() for x in selected],
                    "unc": [f.unc.sum() for f in found]}
@@ -289,10 +303,16 @@ def plan_tokens(
         extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(read["unc"]) / max(1, n_cand)}
     medians = dict(zip(map(id, with_chains), read["ess"]))
     plans = []
-    for i, hs, t, d in zip(ar_steps, head_steps, steps, draws):
+    for i, hs, t, d, cons in zip(ar_steps, head_steps, steps, draws, _consistency_stats(steps, read)):
         ess = {"select/ess": medians[id(d)]} if id(d) in medians else {}
-        plans.append(TokenPlan(i, hs, t.blocks, t.mask, d, {**t.stats, **extra, **ess}))
+        plans.append(TokenPlan(i, hs, t.blocks, t.mask, d, {**cons, **extra, **ess}))
     return plans
+
+
+def _consistency_stats(steps: list[LossTokens], read: dict[str, list]) -> list[dict[str, float]]:
+    """Per step, CONSISTENCY_KEYS -> value from read["cons"] (the steps that have them, in order)."""
+    values = iter(read["cons"])
+    return [dict(zip(CONSISTENCY_KEYS, next(values))) if t.stat_values is not None else {} for t in steps]
 
 
 def _lazy_callables(policy: MARPolicy, latents, cfg_scale: float, cfg_mode: str):

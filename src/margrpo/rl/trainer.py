@@ -21,7 +21,9 @@ device; the reward sees CPU images.
 Batch arithmetic per step: prompts_per_step prompts x group_size images = B rollouts; the
 loss covers loss_ar_steps AR steps (all of them by default) x loss_head_steps head
 transitions drawn from the loss_head_window noisiest ones, every token committed at those
-steps (plus filtered speculative tokens for the committed+speculative scope).
+steps (plus filtered speculative tokens for the committed+speculative scope). A top-k
+method's uncertainty chains are drawn by the rollout (rl/plan.py), and the M chains of a
+token share one head call per step in the loss (models/chains.py shared_guided_output).
 """
 from __future__ import annotations
 

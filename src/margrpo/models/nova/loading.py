@@ -36,9 +36,9 @@ def transformer_manifest(config: dict) -> dict[str, list[int]]:
 def load_nova(root: str | Path, *, num_ar_steps: int = 64, head_steps: int = 25, cfg_scale: float = 5.0,
               temperature: float = 1.0, device: str | torch.device = "cpu",
               text_dtype: torch.dtype = torch.float32) -> NOVAPolicy:
-    """Every part built on `device`, the weights read straight into it. text_dtype: storage
+    """Every part built on `device` (the stored weights copied into it). text_dtype: storage
     dtype of the Phi-2 text encoder (frozen unless model.train_text_encoder; bfloat16 halves
-    its 2.8 G parameters to 5.6 GB). The transformer and the VAE stay float32."""
+    its 2.65 G parameters to 4.9 GiB). The transformer and the VAE stay float32."""
     from diffusers import AutoencoderKL
     from transformers import AutoModel, AutoTokenizer
 
