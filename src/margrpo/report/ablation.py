@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 from margrpo.config import BUDGET_DEFAULTS, NO_KNOB
+from margrpo.report.curves import train_stats
 from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, UNSURE, Claim, Part, build_claims, interval_part,
                                    interval_verdict, knob_claim)
 from margrpo.report.figures import interval_figure, plot_curves
@@ -245,7 +246,6 @@ def grid_table(records: list[dict]) -> tuple[Table, list[tuple[str, dict[str, li
 def long_run(records: list[dict], figures: Path) -> list[Section]:
     """A section per long-run record: its curves, test scores, paired comparisons and claims
     1 and 2 judged on its histories."""
-    from margrpo.report.build import train_stats  # build imports this module
 
     sections = []
     for rec in (r for r in records if r["arm"] == "long"):

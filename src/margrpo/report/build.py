@@ -9,7 +9,7 @@ from margrpo.report import ablation
 from margrpo.report import summary as summary_text
 from margrpo.report.checks import consistency_section, judge_section
 from margrpo.report.claims import NOT_JUDGED, RULE, STATUS_CODE, build_claims
-from margrpo.report.curves import read_history, window_mean
+from margrpo.report.curves import read_history, train_stats
 from margrpo.report.figures import plot_curves, scores_figure, selection_figure
 from margrpo.report.intervals import read_per_prompt
 from margrpo.report.learning import PAIRED_KEY, reward_hacking, reward_rise, rise_key, steps_to_detect
@@ -22,24 +22,6 @@ CURVE_KEYS = ["reward/mean", "loss/kl", "diag/grad_norm_ar", "diag/grad_norm_hea
 # Held-out scores plotted over training, when the trainer evaluates during training.
 HELDOUT_CURVE_KEYS = ["eval/geneval/overall", "eval/t2i/mean", "eval/partial"]
 SELECT_KEYS = ["select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean"]
-
-
-def train_stats(histories: dict[int, list[dict]]) -> dict[str, dict[str, list[float]]]:
-    """Per-seed 'final' window means, 'growth' (final − early window) and reward/peak_drop."""
-    keys = sorted({k for h in histories.values() for r in h for k in r if k != "step"})
-    final: dict[str, list[float]] = {}
-    growth: dict[str, list[float]] = {}
-    for h in histories.values():
-        for k in keys:
-            f, e = window_mean(h, k, "final"), window_mean(h, k, "early")
-            if f is not None:
-                final.setdefault(k, []).append(f)
-            if f is not None and e is not None and not k.startswith("probe/"):
-                growth.setdefault(k, []).append(f - e)
-        rewards = [r["reward/mean"] for r in h if "reward/mean" in r]
-        if rewards:
-            final.setdefault("reward/peak_drop", []).append(max(rewards) - window_mean(h, "reward/mean", "final"))
-    return {"final": final, "growth": growth}
 
 
 def train_record_dir(reports: Path, method: str, seed) -> Path:

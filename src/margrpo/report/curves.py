@@ -70,3 +70,21 @@ def final_window(histories: dict[int, list[dict]]) -> dict:
         if per_seed:
             mean[k], std[k], _ = mean_std(per_seed)
     return {"final_window": {"mean": mean, "std": std}, "seeds": len(histories)}
+
+
+def train_stats(histories: dict[int, list[dict]]) -> dict[str, dict[str, list[float]]]:
+    """Per-seed 'final' window means, 'growth' (final − early window) and reward/peak_drop."""
+    keys = sorted({k for h in histories.values() for r in h for k in r if k != "step"})
+    final: dict[str, list[float]] = {}
+    growth: dict[str, list[float]] = {}
+    for h in histories.values():
+        for k in keys:
+            f, e = window_mean(h, k, "final"), window_mean(h, k, "early")
+            if f is not None:
+                final.setdefault(k, []).append(f)
+            if f is not None and e is not None and not k.startswith("probe/"):
+                growth.setdefault(k, []).append(f - e)
+        rewards = [r["reward/mean"] for r in h if "reward/mean" in r]
+        if rewards:
+            final.setdefault("reward/peak_drop", []).append(max(rewards) - window_mean(h, "reward/mean", "final"))
+    return {"final": final, "growth": growth}

@@ -4,7 +4,6 @@ one per call). On a GPU every read of a device value makes the host wait for the
 benchmark counts them (margrpo.hostsync, scripts/bench_step_time.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,16 +12,13 @@ from margrpo.rl.advantages import zero_std_fraction
 from margrpo.rl.distributed import World
 from margrpo.rl.plan import CONSISTENCY_KEYS
 
-if TYPE_CHECKING:
-    from margrpo.rl.trainer import Batch
-
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
 SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
 NORM_KEYS = ("diag/grad_norm_ar", "diag/grad_norm_head")
 
 
-def batch_metrics(batch: Batch, world: World | None = None) -> dict[str, float]:
-    """reward/*, adv/*, select/* and time/rollout of one batch. Over ranks: reward/* and adv/*
+def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
+    """reward/*, adv/*, select/* and time/rollout of one batch (a trainer.Batch). Over ranks: reward/* and adv/*
     of the gathered global batch (exact), select/* the mean of the ranks' means. The device
     values are read in one host sync."""
     world = world or World()
