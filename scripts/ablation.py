@@ -278,33 +278,10 @@ def collect(point: Point, commit: str, baseline: str) -> Path:
 
 
 def mlflow_rows(records: list[dict]) -> int:
-    """Give every experiment record a parent run in MLflow's study view; returns how many
-    were created (the experiment's own stages made the others)."""
-    from mlflow.tracking import MlflowClient
+    """Give every experiment record a parent run in MLflow's study view (tracking/rebuild.py)."""
+    from margrpo.tracking.rebuild import ablation_rows
 
-    from margrpo.tracking.runs import (Study, artifact_root, find_parent, headline_metrics, open_experiment,
-                                       study_name, tracking_uri)
-
-    uri, location = tracking_uri(ROOT), artifact_root(ROOT)
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = open_experiment(client, location)
-    made = 0
-    for rec in records:
-        if rec["arm"] == "centre":
-            continue
-        parent = find_parent(client, exp_id, rec["study"])
-        if parent is None:
-            tags = {"git.revision": rec["baseline"], "mlflow.source.git.commit": rec["baseline"],
-                    "dvc.exp_name": rec["name"], "margrpo.rebuilt": "true"}
-            study = Study(uri, rec["study"], rec["params"], tags, location,
-                          name=study_name(rec["name"], rec["baseline"]))
-            study.log_metrics(study.parent_id, headline_metrics(rec["summary"]), digits=4)
-            study.close()
-            run_id, made = study.parent_id, made + 1
-        else:
-            run_id = parent.info.run_id
-        client.set_tag(run_id, "margrpo.ablation", rec["arm"])
-    return made
+    return ablation_rows(records, ROOT)
 
 
 # ---- the command ----------------------------------------------------------------------------

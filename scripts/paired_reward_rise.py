@@ -4,7 +4,7 @@
     .venv/bin/python scripts/paired_reward_rise.py --method grpo_frozen \
         --runs 'outputs/probes/frozen60_s{seed}'
 
-Issue 17's test compares the mean training reward of the last 10 steps with the first 10
+The training-reward rise test compares the mean training reward of the last 10 steps with the first 10
 (report/learning.py reward_rise). Most of a step's noise is which prompts it drew. The
 trainer draws each step's prompts and image seeds from its own generators ("data",
 "rollout"), so a fresh trainer on the base model, calling `collect` once per step without

@@ -106,3 +106,33 @@ def prepare_store(root: Path) -> tuple[str, str]:
     exp_id = open_experiment(MlflowClient(tracking_uri=uri), artifact_root(root), ["base", *params["methods"]])
     print(f"mlflow: committed study {sid} {'added to' if created else 'already in'} {uri}")
     return uri, exp_id
+
+
+def ablation_rows(records: list[dict], root: Path) -> int:
+    """Give every ablation record (scripts/ablation.py) a parent run in the MLflow study view
+    of the repository at `root`, tagged margrpo.ablation = <arm>; returns how many were
+    created (an experiment's own stages made the others; a fresh clone has none)."""
+    from mlflow.tracking import MlflowClient
+
+    from margrpo.tracking.runs import artifact_root, tracking_uri
+
+    uri, location = tracking_uri(root), artifact_root(root)
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = open_experiment(client, location)
+    made = 0
+    for rec in records:
+        if rec["arm"] == "centre":
+            continue
+        parent = find_parent(client, exp_id, rec["study"])
+        if parent is None:
+            tags = {"git.revision": rec["baseline"], "mlflow.source.git.commit": rec["baseline"],
+                    "dvc.exp_name": rec["name"], "margrpo.rebuilt": "true"}
+            study = Study(uri, rec["study"], rec["params"], tags, location,
+                          name=study_name(rec["name"], rec["baseline"]))
+            study.log_metrics(study.parent_id, headline_metrics(rec["summary"]), digits=4)
+            study.close()
+            run_id, made = study.parent_id, made + 1
+        else:
+            run_id = parent.info.run_id
+        client.set_tag(run_id, "margrpo.ablation", rec["arm"])
+    return made
