@@ -120,7 +120,10 @@ def test_platform_tags_reach_the_targets_glibc():
 
 
 def test_a_profile_merges_into_a_new_file_without_dvc(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "dvc", None)  # `import dvc...` now fails, as on a bare machine
+    # `import dvc...` now fails, as on a bare machine, even where an earlier test imported DVC
+    # (a cached submodule such as dvc.utils.serialize would otherwise import without its parent)
+    for name in [m for m in sys.modules if m == "dvc" or m.startswith("dvc.")] + ["dvc", "dvc.utils.serialize"]:
+        monkeypatch.setitem(sys.modules, name, None)
     base = tmp_path / "params.yaml"
     base.write_text((REPO / "params.yaml").read_text())
     out = tmp_path / "merged" / "gpu.yaml"
