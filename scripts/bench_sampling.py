@@ -2,20 +2,17 @@
 
     .venv/bin/python scripts/bench_sampling.py [--images 64] [--repeats 3] [--device auto] [--dtype float32]
 
-Times the rollout with the vectorised counter-based draws (models/noise.py) and, side by
-side, with the old per-image torch.Generator draws (margrpo.benchtools.legacy_rollout),
-alternating repeats so that machine load hits both alike. Prints each repeat, the medians,
-and peak GPU memory on CUDA. Targets: 64 images <= 5 s on 2 CPU cores; 512 images <= 0.3 s
+Times the rollout (vectorised counter-based draws, models/noise.py) after one warm-up.
+Prints each repeat, the median, and peak GPU memory on CUDA. Targets: 64 images <= 5 s on 2 CPU cores; 512 images <= 0.3 s
 on one H200.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 import torch
 
-from margrpo.benchtools import add_runtime_args, legacy_rollout, median, report_memory, resolve, timed
+from margrpo.benchtools import add_runtime_args, median, report_memory, resolve, timed
 from margrpo.models.device import place
 from margrpo.models.mar import TinyMAR
 from margrpo.world.prompts import make_prompt_set
@@ -29,7 +26,6 @@ def main() -> None:
     ap.add_argument("--head-steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-legacy", action="store_true", help="skip the old per-image-generator path")
     add_runtime_args(ap)
     a = ap.parse_args()
     device = resolve(a)
@@ -40,24 +36,13 @@ def main() -> None:
     target = "<= 0.3 s for 512 images on one H200" if device.type == "cuda" else "<= 5 s for 64 images on 2 cores"
     print(f"{device} ({a.dtype}), torch threads {torch.get_num_threads()}: {a.images} images, {a.ar_steps} AR steps, "
           f"{a.head_steps} head steps, cfg {a.cfg}; target {target}")
-    paths = {"new (vectorised)": contextlib.nullcontext}
-    if not a.no_legacy:
-        paths["old (per-image generators)"] = legacy_rollout
-    for ctx in paths.values():  # warm-up: kernels, allocator, first-call overheads
-        with ctx():
-            model.rollout(prompts[: min(8, a.images)], generator=torch.Generator().manual_seed(0))
-    times: dict[str, list[float]] = {name: [] for name in paths}
+    model.rollout(prompts[: min(8, a.images)], generator=torch.Generator().manual_seed(0))  # warm-up
+    times: list[float] = []
     for r in range(a.repeats):
-        for name, ctx in paths.items():
-            gen = torch.Generator().manual_seed(r)
-            with ctx():
-                times[name].append(timed(lambda: model.rollout(prompts, generator=gen), device))
-            print(f"repeat {r} {name}: {times[name][-1]:.3f} s")
-    for name, ts in times.items():
-        print(f"median {name}: {median(ts):.3f} s for {a.images} images")
-    if len(times) == 2:
-        new, old = (median(ts) for ts in times.values())
-        print(f"new / old: {new / old:.3f}")
+        gen = torch.Generator().manual_seed(r)
+        times.append(timed(lambda: model.rollout(prompts, generator=gen), device))
+        print(f"repeat {r}: {times[-1]:.3f} s")
+    print(f"median: {median(times):.3f} s for {a.images} images")
     report_memory(device)
 
 

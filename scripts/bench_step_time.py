@@ -1,7 +1,7 @@
 """Benchmark: training step times and host syncs per method, side by side in one process.
 
     .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6] \
-        [--methods grpo_frozen,mar_grpo] [--device auto] [--dtype float32] [--no-legacy] \
+        [--methods grpo_frozen,mar_grpo] [--device auto] [--dtype float32] \
         [--threads 1] [--syncs-detail 10] [-S train.group_size=4]
 
 For a profile, merge it into a copy first (scripts/gpu_check.sh does):
@@ -25,11 +25,8 @@ busiest sites print with --syncs-detail. On CUDA the same step also runs under
 torch.cuda.set_sync_debug_mode("warn"), whose warnings (every synchronising CUDA call,
 those inside torch included) are counted too.
 
-On the CPU (unless --no-legacy) every method also runs with the old per-image-generator
-rollout noise (margrpo.benchtools.legacy_rollout), so the old and new noise print side by
-side. Targets (issues): MAR-GRPO / GRPO-frozen <= 1.3 at num_trajectories=4, k=0.3; a
-512-image step <= 1.0 s on one H200; on the CPU no step slower than the old noise by more
-than 5%.
+Targets: MAR-GRPO / GRPO-frozen <= 1.3 at num_trajectories=4, k=0.3; a 512-image step
+<= 1.0 s on one H200.
 """
 from __future__ import annotations
 
@@ -40,7 +37,7 @@ import warnings
 
 import torch
 
-from margrpo.benchtools import add_runtime_args, legacy_rollout, median, report_memory, resolve, sync
+from margrpo.benchtools import add_runtime_args, median, report_memory, resolve, sync
 from margrpo.config import load_params, parse_overrides
 from margrpo.hostsync import HostSyncCounter
 from margrpo.rl.trainer import Trainer
@@ -80,8 +77,6 @@ def main() -> None:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--methods", default="grpo_frozen,mar_grpo")
-    ap.add_argument("--legacy", action="store_true", help="time the old rollout noise on CUDA too")
-    ap.add_argument("--no-legacy", action="store_true", help="skip the old rollout noise on the CPU")
     ap.add_argument("--syncs-detail", type=int, default=0, metavar="N", help="print the N busiest read sites")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch CPU threads (0: torch's default); 1 is what each of the study's CPU ranks uses")
@@ -94,39 +89,30 @@ def main() -> None:
     params = load_params(a.params, parse_overrides(a.sets) | {"runtime.device": a.device, "runtime.dtype": a.dtype})
     prompts = make_prompt_set("train", params.world.train_prompts_per_tag, params.world.seed)
     names = a.methods.split(",")
-    variants = {"new": contextlib.nullcontext}
-    if (device.type == "cpu" and not a.no_legacy) or a.legacy:
-        variants["old"] = legacy_rollout
-    trainers = {(n, v): Trainer.from_params(params, n, 0, prompts) for n in names for v in variants}
+    trainers = {n: Trainer.from_params(params, n, 0, prompts) for n in names}
     for tr in trainers.values():  # the probe is an occasional diagnostic, not the step
         tr.tcfg = tr.tcfg.model_copy(update={"grad_probe_every": 0})
     t = params.train
     print(f"{device} ({a.dtype}, {torch.get_num_threads()} threads); batch: {t.prompts_per_step} prompts x "
           f"{t.group_size} images; loss on {t.loss_ar_steps or 'all'} AR steps x {t.loss_head_steps} head steps; "
           f"M={params.num_trajectories}, k={params.k}, tau={params.tau}")
-    times: dict[tuple, list[tuple[float, float, float]]] = {key: [] for key in trainers}
+    times: dict[str, list[tuple[float, float, float]]] = {n: [] for n in trainers}
     for s in range(a.steps + 1):
-        for (n, v), tr in trainers.items():
-            with variants[v]():
-                dt = timed_step(tr, device)
+        for n, tr in trainers.items():
+            dt = timed_step(tr, device)
             if s > 0:  # step 0 is warm-up
-                times[(n, v)].append(dt)
+                times[n].append(dt)
 
-    def med(key, i: int) -> float:
-        return median([x[i] for x in times[key]])
+    def med(n: str, i: int) -> float:
+        return median([x[i] for x in times[n]])
 
     for n in names:
-        line = "  ".join(f"{v}: step {med((n, v), 0):.3f} s wall, {med((n, v), 1):.3f} s CPU "
-                         f"(rollout {med((n, v), 2):.3f} s)" for v in variants)
-        print(f"{n:>12}: {line}")
-        if "old" in variants:
-            print(f"{n:>12}: new / old step time {med((n, 'new'), 0) / med((n, 'old'), 0):.3f} wall, "
-                  f"{med((n, 'new'), 1) / med((n, 'old'), 1):.3f} CPU (target <= 1.05 on the CPU)")
+        print(f"{n:>12}: step {med(n, 0):.3f} s wall, {med(n, 1):.3f} s CPU (rollout {med(n, 2):.3f} s)")
     for n in names[1:]:
-        print(f"ratio {n}/{names[0]}: {med((n, 'new'), 0) / med((names[0], 'new'), 0):.2f} wall, "
-              f"{med((n, 'new'), 1) / med((names[0], 'new'), 1):.2f} CPU (target <= 1.3)")
+        print(f"ratio {n}/{names[0]}: {med(n, 0) / med(names[0], 0):.2f} wall, "
+              f"{med(n, 1) / med(names[0], 1):.2f} CPU (target <= 1.3)")
     for n in names:
-        counter, cuda_syncs = count_syncs(trainers[(n, "new")], device)
+        counter, cuda_syncs = count_syncs(trainers[n], device)
         extra = f", {cuda_syncs} CUDA syncs (sync debug mode)" if cuda_syncs is not None else ""
         print(f"{n:>12}: {counter.total} host syncs per step{extra}")
         for site, k in counter.sites.most_common(a.syncs_detail):

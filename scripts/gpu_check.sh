@@ -70,8 +70,8 @@ PLAN=(
 [ "$MODE" = cpu ] && PLAN+=("tiny base model|15|make_tiny_base")
 PLAN+=(
   "cuda tests|70|$PY -m pytest -m cuda -q -p no:cacheprovider $CUDA_TESTS"
-  "rollout float32|30|$PY scripts/bench_sampling.py --device $DEV --dtype float32 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0 --no-legacy"
-  "rollout bfloat16|30|$PY scripts/bench_sampling.py --device $DEV --dtype bfloat16 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0 --no-legacy"
+  "rollout float32|30|$PY scripts/bench_sampling.py --device $DEV --dtype float32 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0"
+  "rollout bfloat16|30|$PY scripts/bench_sampling.py --device $DEV --dtype bfloat16 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0"
   "training step float32|65|$PY scripts/bench_step_time.py --device $DEV --dtype float32 --params $GPU_PARAMS --steps $STEPS --methods grpo_frozen,mar_grpo $TINY"
   "training step bfloat16|65|$PY scripts/bench_step_time.py --device $DEV --dtype bfloat16 --params $GPU_PARAMS --steps $STEPS --methods grpo_frozen,mar_grpo $TINY"
   "probe mar_grpo|160|$PY scripts/rl_probe.py --method mar_grpo --params $GPU_PARAMS --steps $PROBE_STEPS --eval-every $EVAL_EVERY --images $EVAL_IMAGES --name gpu_check_mar_grpo $TINY"

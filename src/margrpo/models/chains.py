@@ -14,8 +14,6 @@ from typing import Sequence
 
 import torch
 
-# chain_noise bound by name: benchtools.legacy_rollout patches only the module attribute (the
-# rollout's own draws), the extra chains draw what rl/ draws for them
 from margrpo.models.noise import UNCERTAINTY, chain_stream, resolve_seeds
 from margrpo.models.noise import chain_noise as counter_noise
 from margrpo.models.protocol import ARStep, MARPolicy, Rollout

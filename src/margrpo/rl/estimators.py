@@ -51,7 +51,6 @@ from typing import Callable
 import torch
 
 from margrpo.config import ESTIMATORS
-# chain_noise bound here: benchtools.legacy_rollout patches the module attribute for rollouts only
 from margrpo.models.noise import FORWARD, RESAMPLE, chain_noise, chain_stream
 from margrpo.models.chains import chain_log_probs, sample_chains
 from margrpo.models.protocol import MARPolicy
