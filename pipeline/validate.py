@@ -124,28 +124,38 @@ def _mean_step_s(seeds_dir: Path) -> float | None:
 def estimate_minutes(params, methods: list[str]) -> float | None:
     """Training + evaluation time of `methods` and the report, from the committed study's
     measured step and evaluation times (reports/train|eval/<method>/metrics.json) on this
-    machine class, plus each stage's start-up (imports, Prefect's server, MLflow)."""
+    machine class, plus each stage's start-up (imports, Prefect's server, MLflow). A method
+    without measured times (new in params.yaml) is timed as the slowest measured one; None
+    when none is measured."""
+    measured = {m: _method_seconds(params, m) for m in methods}
+    known = [s for s in measured.values() if s is not None]
+    if not known:
+        return None
     total = STAGE_START_S * (2 * len(methods) + 1)
-    for m in methods:
-        try:
-            train = json.loads((common.REPORTS / "train" / m / "metrics.json").read_text())
-            ev = json.loads((common.REPORTS / "eval" / m / "metrics.json").read_text())
-        except (OSError, ValueError):
-            return None
-        step_s = _mean_step_s(common.REPORTS / "train" / m / "seeds") or train["final_window"]["mean"].get("time/step")
-        if step_s is None:
-            return None
-        t, seeds = params.train_for(m), len(params.train.seeds)
-        total += step_s * t.steps * seeds
-        per_image = ev.get("time/eval_s", 0.0) / max(1, ev.get("images", 1))
-        # evaluate@<method>: the final and the best checkpoint of each seed on the test split
-        total += per_image * _lines(common.TEST_PROMPTS) * params.evaluate.images_per_prompt * seeds * 2
-        # in-training evaluations (step 0, every eval_every steps, the last step) of the
-        # held-out GenEval-tag prompts
-        if t.eval_every > 0:
-            evals = 1 + t.steps // t.eval_every + (t.steps % t.eval_every > 0)
-            total += per_image * _tagged(common.HELDOUT_PROMPTS) * t.eval_images_per_prompt * evals * seeds
-    return total / 60
+    return (total + sum(s if s is not None else max(known) for s in measured.values())) / 60
+
+
+def _method_seconds(params, m: str) -> float | None:
+    """Seconds of train@m and evaluate@m from m's committed records; None without them."""
+    try:
+        train = json.loads((common.REPORTS / "train" / m / "metrics.json").read_text())
+        ev = json.loads((common.REPORTS / "eval" / m / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step_s = _mean_step_s(common.REPORTS / "train" / m / "seeds") or train["final_window"]["mean"].get("time/step")
+    if step_s is None:
+        return None
+    t, seeds = params.train_for(m), len(params.train.seeds)
+    total = step_s * t.steps * seeds
+    per_image = ev.get("time/eval_s", 0.0) / max(1, ev.get("images", 1))
+    # evaluate@<method>: the final and the best checkpoint of each seed on the test split
+    total += per_image * _lines(common.TEST_PROMPTS) * params.evaluate.images_per_prompt * seeds * 2
+    # in-training evaluations (step 0, every eval_every steps, the last step) of the
+    # held-out GenEval-tag prompts
+    if t.eval_every > 0:
+        evals = 1 + t.steps // t.eval_every + (t.steps % t.eval_every > 0)
+        total += per_image * _tagged(common.HELDOUT_PROMPTS) * t.eval_images_per_prompt * evals * seeds
+    return total
 
 
 def plan(params, raw: dict, text: str) -> str:

@@ -23,8 +23,11 @@ VENV_BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
 
 # Small enough that every stage takes seconds on a shared 2-core machine; two seeds so the
-# spread-over-seeds code paths run.
+# spread-over-seeds code paths run. One process per stage: starting torchrun's ranks costs
+# more than these stages' work (test_pipeline_study's fault test runs train@grpo as two
+# ranks under DVC, tests/test_distributed.py trains and evaluates as ranks).
 TINY = {
+    "runtime": {"nproc": 1},
     "num_trajectories": 2,
     # 32 px images (the world reward's default size) cut into 4 tokens of 16x16 px.
     "world": {"train_prompts_per_tag": 2, "heldout_prompts_per_tag": 1, "test_prompts_per_tag": 1,

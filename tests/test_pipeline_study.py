@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 METHODS = tuple(yaml.safe_load((REPO / "params.yaml").read_text())["methods"])
 STAGES = {"validate", "prepare_prompts", "pretrain_base", "sample_baseline", *(f"train@{m}" for m in METHODS),
           "evaluate_base", *(f"evaluate@{m}" for m in METHODS), "report"}
-ABLATION = {"validate", "train@mar_grpo", "evaluate@mar_grpo", "report"}
+ABLATION = {"validate", "train@mar_grpo", "evaluate@mar_grpo", "train@posterior", "evaluate@posterior", "report"}
 # One long-running seed with frequent checkpoints, so a kill lands mid-training, as two
 # torchrun ranks (the default runtime.nproc): the stage process launches torchrun, rank 0
 # holds the MLflow runs. 200 steps of ~0.03 s: three resumed runs must not finish before
@@ -210,9 +210,11 @@ def test_bad_input_is_refused_before_any_work_and_costs_nothing(study):
 def test_each_ablation_knob_reruns_only_the_methods_that_read_it(study):
     root = study.root
     text = (root / "params.yaml").read_text()
-    # tau also filters grpo_frozen_spec's speculative tokens; k and M are mar_grpo's alone
-    for knob, value, readers in (("k", 0.5, {"mar_grpo"}), ("tau", 0.5, {"mar_grpo", "grpo_frozen_spec"}),
-                                 ("num_trajectories", 3, {"mar_grpo"})):
+    # k and M are the multi-trajectory methods' (both estimators); tau also filters
+    # grpo_frozen_spec's speculative tokens
+    mte = {"mar_grpo", "posterior"}
+    for knob, value, readers in (("k", 0.5, mte), ("tau", 0.5, {"mar_grpo", "grpo_frozen_spec"}),
+                                 ("num_trajectories", 3, mte)):
         params = yaml.safe_load(text)
         params[knob] = value
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

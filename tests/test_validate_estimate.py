@@ -42,3 +42,12 @@ def test_estimate_scales_with_a_methods_steps_factor(reports):
                                                 "methods.grpo.steps_factor": 3})
     start = validate.STAGE_START_S * 3 / 60
     assert validate.estimate_minutes(params, ["grpo"]) == pytest.approx(start + 3 * 80 / 60)
+
+
+def test_a_method_without_measured_times_is_timed_as_the_slowest_measured_one(reports):
+    """posterior has no committed records here: it counts as grpo's 80 s, the only measured
+    method; with no measured method at all the time is unknown."""
+    params = load_params(ROOT / "params.yaml", {"train.steps": 4, "train.seeds": [0, 1]})
+    start = validate.STAGE_START_S * 5 / 60
+    assert validate.estimate_minutes(params, ["grpo", "posterior"]) == pytest.approx(start + 2 * 80 / 60)
+    assert validate.estimate_minutes(params, ["posterior"]) is None
