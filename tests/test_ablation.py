@@ -377,3 +377,37 @@ def test_a_queued_experiment_checkpoints_in_the_main_repository(tmp_path):
     assert out["scratch"].parents[1] == tmp_path / "repo" / "outputs" / "ckpt" / "grpo"
     assert out["main"].parents[1] == ROOT / "outputs" / "ckpt" / "grpo"
     assert out["scratch"].relative_to(tmp_path / "repo") == out["main"].relative_to(ROOT)
+
+
+def test_the_long_run_sets_its_seeds_and_keeps_the_fingerprint(tmp_path):
+    """The long run's default seed set differs from the study's: its point adds the override
+    (and retrains every method whose train params list the seeds); at the study's seeds it adds
+    nothing. The seeds are not part of the code fingerprint, so the long run's record shares
+    the centre's."""
+    script = _script()
+    raw = {"methods": METHODS, "train": {"seeds": [0, 1, 2]}}
+    long = next(p for p in ablation.grid(METHODS) if p.arm == "long")
+    one = script.with_seeds(long, [0], raw)
+    assert one.overrides == (*long.overrides, "train.seeds=[0]") and one.methods == long.methods
+    assert script.with_seeds(long, [0, 1, 2], raw) is long
+    k = next(p for p in ablation.grid(METHODS) if p.arm == "k")
+    assert script.with_seeds(k, [0], raw) is k
+    lock = {"stages": {"train@grpo_frozen_spec": {"params": {"params.yaml": {"train": {"seeds": [0, 1, 2]}}}}}}
+    assert script.retrains(one, lock, ["grpo_frozen_spec"]) == ["grpo_frozen_spec"]
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    _git(root, "init", "-q")
+    _study(root, 0.3, 0.0, "centre-run")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "study")
+    script.ROOT = root
+    import yaml
+
+    before = script.fingerprint("HEAD")
+    params = root / "params.yaml"
+    changed = yaml.safe_load(params.read_text())
+    changed["train"]["seeds"] = [0]
+    params.write_text(yaml.safe_dump(changed))
+    _git(root, "commit", "-qam", "one seed")
+    assert script.fingerprint("HEAD") == before
