@@ -261,12 +261,12 @@ def test_resample_reuses_given_chains_and_scores_only_the_loss_steps():
 
 # ---- resample's selected-token term on the base model's real tokens ----------------------
 def test_resample_term_on_selected_tokens_is_biased_and_independent_chains_are_not():
-    """scripts/resample_bias.py at a small size on the committed base (2 images x 64 draws
+    """scripts/resample_bias.py at a small size on the committed base (2 images x 192 draws
     of M = 4 chains per committed token, mar_grpo's top-k). Scoring the chains that ranked
     the tokens gives the selected tokens a mean score far from 0 (its squared norm measured
-    1.65x what a zero-mean term gives here, growing with the draws: 2.9x at 8 images x 200),
-    pointing against the unselected tokens' (mean cosine -0.37); the same tokens scored by
-    independent chains from the same latents stay zero-mean (0.86x)."""
+    2.2x what a zero-mean term gives here; the ratio grows with the draws, 1.3x at 64),
+    pointing against the unselected tokens' (mean cosine -0.34); the same tokens scored by
+    independent chains from the same latents stay near zero-mean (1.2x)."""
     from margrpo.config import load_params
     from margrpo.models.loading import load_model
 
@@ -280,7 +280,7 @@ def test_resample_term_on_selected_tokens_is_biased_and_independent_chains_are_n
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matmuls: one thread is the fastest, the more so on a busy machine
     try:
-        res = bias.measure(policy, params, ["a red circle", "two blue squares"], torch.tensor([11, 12]), draws=64)
+        res = bias.measure(policy, params, ["a red circle", "two blue squares"], torch.tensor([11, 12]), draws=192)
     finally:
         torch.set_num_threads(threads)
     every = res["rows"]["all"]
