@@ -137,6 +137,27 @@ def test_claim4_no_difference_and_seeds_needed():
     assert ablation.claim4([centre]) is None  # nothing to compare: not judged
 
 
+def test_k0_is_the_centre_studys_grpo_frozen(tmp_path):
+    """k = 0 scores no token with several chains: the k series of each estimator starts at
+    grpo_frozen of the centre study with the same code (not at another code's, and not in
+    the single-chain grpo_frozen_spec's series)."""
+    records = _grid_records()
+    records[0]["methods"]["grpo_frozen"] = {"role": "grpo_frozen", "config": METHODS["grpo_frozen"], "steps": 20,
+                                            "per_prompt": _scores(0.1), "train_minutes": [2.0, 2.0, 2.0]}
+    k = {s.method: s for s in ablation.series(records, "k")}
+    assert set(k["mar_grpo"].points) == {0.0, 0.1, 0.3, 0.5} and set(k["posterior"].points) == {0.0, 0.1, 0.3, 0.5}
+    assert k["mar_grpo"].points[0.0][0::2] == ("centre-c0", "grpo_frozen")
+    assert "grpo_frozen_spec" not in k and "grpo_frozen" not in k
+    part = dict(ablation.comparisons(k["mar_grpo"], 0.3))[0.0]
+    assert part.text == "GenEval overall, k=0.3 − k=0 (grpo_frozen) (mar_grpo (resample))"
+    assert part.interval.point == pytest.approx(-0.1) and part.status == FAILS  # k = 0 is better by 0.1
+    assert ablation.claim4(records).status == FAILS
+    (sec,), _, _ = ablation.section(records, tmp_path)
+    row = next(r for r in sec.tables[0].rows if r[1] == "0" and "mar_grpo" in r[2])
+    assert row[2] == "grpo_frozen (k = 0 of mar_grpo (resample))" and row[6] == "2.0"
+    assert "above the centre" in row[5]
+
+
 def test_section_table_figure_and_summary(tmp_path):
     (sec,), c4, summary = ablation.section(_grid_records(), tmp_path)
     assert c4 is not None and sec.anchor == "ablation"

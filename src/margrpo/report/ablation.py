@@ -4,7 +4,7 @@ the report's section on them.
 Design (`grid`): one factor at a time around the study's defaults (k = 0.3, M = 4, committed
 tokens only), each experiment retraining both multi-trajectory estimators, the paper's
 `resample` and the corrected `posterior`:
-- k in {0.1, 0.5, 1.0}; the study itself is the point k = 0.3 (k = 0 is grpo_frozen);
+- k in {0.1, 0.5, 1.0}; the study itself is the point k = 0.3, its grpo_frozen the point k = 0;
 - num_trajectories M in {2, 8}; the study is M = 4;
 - tau in {-1, 0, 0.5}: tau filters speculative tokens only, so this arm scores the committed
   tokens plus the speculative ones that pass the consistency filter (token_scope
@@ -148,11 +148,11 @@ def read_records(folder: Path) -> list[dict]:
 @dataclass
 class Series:
     """The points of one method that differ in `knob` alone (same code, method block and
-    other knobs): value -> (record name, per-prompt scores)."""
+    other knobs): value -> (record name, per-prompt scores, method name)."""
     knob: str
     method: str
     role: str | None
-    points: dict[float, tuple[str, dict]]
+    points: dict[float, tuple[str, dict, str]]
 
     @property
     def label(self) -> str:
@@ -160,7 +160,9 @@ class Series:
 
 
 def series(records: list[dict], knob: str) -> list[Series]:
-    """Every group of two or more points (record, method) that differ only in `knob`."""
+    """Every group of two or more points (record, method) that differ only in `knob`. A k
+    series of an estimator also gets the point k = 0 (no token scored by several chains:
+    grpo_frozen of the centre study among its points: same code, seeds and token scope)."""
     groups: dict[str, Series] = {}
     for rec in records:
         if rec["arm"] == "long":
@@ -171,8 +173,24 @@ def series(records: list[dict], knob: str) -> list[Series]:
             others = {k: v for k, v in rec["knobs"].items() if k not in (knob, "seeds")}
             key = json.dumps([rec["code"], m, entry["config"], others], sort_keys=True)
             s = groups.setdefault(key, Series(knob, m, entry.get("role"), {}))
-            s.points.setdefault(float(rec["knobs"][knob]), (rec["name"], entry["per_prompt"]))
+            s.points.setdefault(float(rec["knobs"][knob]), (rec["name"], entry["per_prompt"], m))
+    if knob == "k":
+        for s in groups.values():
+            if s.role in ESTIMATORS and (zero := _frozen_centre(records, s)):
+                s.points.setdefault(0.0, zero)
     return [s for s in groups.values() if len(s.points) > 1]
+
+
+def _frozen_centre(records: list[dict], s: Series) -> tuple[str, dict, str] | None:
+    """(record name, per-prompt scores, method) of grpo_frozen in the centre study that is a
+    point of `s` (so the series scores what grpo_frozen scores: committed tokens)."""
+    names = {name for name, _, _ in s.points.values()}
+    for rec in records:
+        if rec["arm"] == "centre" and rec["name"] in names:
+            for m, entry in rec["methods"].items():
+                if entry.get("role") == "grpo_frozen" and entry.get("per_prompt"):
+                    return rec["name"], entry["per_prompt"], m
+    return None
 
 
 def _cell(iv, signed: bool = False) -> str:
@@ -184,11 +202,12 @@ def comparisons(s: Series, centre: float) -> list[tuple[float, Part]]:
     series lacks the centre value)."""
     if centre not in s.points:
         return []
-    name_c, pp_c = s.points[centre]
+    _, pp_c, _ = s.points[centre]
     out = []
-    for v, (_, pp) in sorted(s.points.items()):
-        if v != centre and (part := interval_part(f"GenEval overall, {s.knob}={centre:g} − {s.knob}={v:g} "
-                                                  f"({s.label})", pp_c, pp, OVERALL)):
+    for v, (_, pp, method) in sorted(s.points.items()):
+        other = f"{s.knob}={v:g}" + ("" if method == s.method else f" ({method})")
+        if v != centre and (part := interval_part(f"GenEval overall, {s.knob}={centre:g} − {other} ({s.label})",
+                                                  pp_c, pp, OVERALL)):
             out.append((v, part))
     return out
 
@@ -223,7 +242,7 @@ def grid_table(records: list[dict]) -> tuple[Table, list[tuple[str, dict[str, li
         lines: dict[str, list] = {}
         for s in series(records, knob):
             diffs = dict(comparisons(s, CENTRE[knob]))
-            for v, (name, pp) in sorted(s.points.items()):
+            for v, (name, pp, method) in sorted(s.points.items()):
                 iv = score_interval(pp, OVERALL)
                 if iv is not None:
                     lines.setdefault(s.label, []).append((v, iv.point, iv.low, iv.high))
@@ -234,8 +253,9 @@ def grid_table(records: list[dict]) -> tuple[Table, list[tuple[str, dict[str, li
                     iv_d = part.interval
                     diff = (f"{0.0 - iv_d.point:+.3f} [{0.0 - iv_d.high:+.3f}, {0.0 - iv_d.low:+.3f}] "
                             f"({VERSUS_CENTRE[interval_verdict(iv_d)]})")
-                entry = by_name[name]["methods"][s.method]
-                rows.append([KNOB_LABEL[knob], f"{v:g}", s.label, name, _cell(iv), diff, _minutes(entry)])
+                label = s.label if method == s.method else f"{method} (k = 0 of {s.label})"
+                rows.append([KNOB_LABEL[knob], f"{v:g}", label, name, _cell(iv), diff,
+                             _minutes(by_name[name]["methods"][method])])
         if lines:
             panels.append((KNOB_LABEL[knob], lines))
     header = ["knob", "value", "method", "experiment", "GenEval overall [95%]", "this − centre [95%] (verdict)",
