@@ -75,14 +75,15 @@ def set_in_text(text: str, overrides: dict, prefix: str = "") -> str:
 
 
 def scratch_repo(dst: Path, overrides: dict) -> Path:
-    """Copy the working tree's tracked and untracked-not-ignored files (no venv, no outputs)
-    to dst, apply the overrides to params.yaml (its layout and comments kept) and commit it,
+    """Copy the working tree's tracked and untracked-not-ignored files (no venv, no outputs,
+    no ablation records) to dst, apply the overrides to params.yaml (its layout and comments kept) and commit it,
     as DVC experiments need."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
     for rel in filter(None, files):
         src = REPO / rel
-        if src.is_file():
+        # the committed study's ablation records belong to that study, not to this scratch one
+        if src.is_file() and not (rel.startswith("reports/ablation/") and rel.endswith(".json")):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / rel)
     text = (dst / "params.yaml").read_text()

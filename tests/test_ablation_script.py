@@ -102,8 +102,10 @@ def test_collect_writes_records_once_and_the_centre(tmp_path, monkeypatch):
     stamp = (root / "reports/ablation/abl-k0.1.json").stat().st_mtime_ns
     assert script.collect_finished(points) == []
     assert (root / "reports/ablation/abl-k0.1.json").stat().st_mtime_ns == stamp
-    # the records judge the point: k = 0.3 beats k = 0.1 by 0.2 on every prompt
-    part = ablation.claim4(ablation.read_records(root / "reports/ablation")).parts[0]
+    # the records judge the point: k = 0.3 beats k = 0.1 by 0.2 on every prompt (the other
+    # part is k = 0, the centre's grpo_frozen)
+    parts = {p.text: p for p in ablation.claim4(ablation.read_records(root / "reports/ablation")).parts}
+    part = parts["GenEval overall, k=0.3 − k=0.1 (mar_grpo (resample))"]
     assert part.status == HOLDS and part.d == pytest.approx(0.2)
     # code changes change the fingerprint; the grid keys do not
     assert script.fingerprint(baseline) == rec["code"]
