@@ -76,8 +76,8 @@ def set_in_text(text: str, overrides: dict, prefix: str = "") -> str:
 
 def scratch_repo(dst: Path, overrides: dict) -> Path:
     """Copy the working tree's tracked and untracked-not-ignored files (no venv, no outputs,
-    no ablation records) to dst, apply the overrides to params.yaml (its layout and comments kept) and commit it,
-    as DVC experiments need."""
+    no ablation records) to dst, apply the overrides to params.yaml (its layout and comments
+    kept) and commit it, as DVC experiments need."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
     for rel in filter(None, files):
