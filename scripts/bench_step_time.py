@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6] \
         [--methods grpo_frozen,mar_grpo] [--device auto] [--dtype float32] \
-        [--threads 1] [--syncs-detail 10] [-S train.group_size=4]
+        [--threads 1] [--syncs-detail 10] [--flops] [-S train.group_size=4]
 
 For a profile, merge it into a copy first (scripts/gpu_check.sh does):
     cp params.yaml /tmp/p.yaml && python -m pipeline.profile params_gpu.yaml --params /tmp/p.yaml --apply
@@ -25,6 +25,17 @@ busiest sites print with --syncs-detail. On CUDA the same step also runs under
 torch.cuda.set_sync_debug_mode("warn"), whose warnings (every synchronising CUDA call,
 those inside torch included) are counted too.
 
+FLOPs (--flops): one more step per method under torch.utils.flop_counter.FlopCounterMode,
+which counts the floating-point operations of matmuls, convolutions and attention (the
+elementwise ops it leaves out are a small share here), split into the batch (rollout,
+reward, token plan: Trainer.collect) and the loss (forward and backward:
+Trainer.compute_grads); the counted step does not update the weights. Counts do not depend
+on the machine's load, so they also run on a busy machine (--steps 0 skips the timing),
+and they scale linearly with the batch. With them, the head's operations per token row at
+one head step, split into the part the chains of a token share (condition on t and z,
+computed once per token) and the part each chain repeats (apply), which bound what M more
+chains cost: about M x apply / (condition + apply) of the rollout head's operations.
+
 Targets: MAR-GRPO / GRPO-frozen <= 1.3 at num_trajectories=4, k=0.3; a 512-image step
 <= 1.0 s on one H200.
 """
@@ -36,6 +47,8 @@ import time
 import warnings
 
 import torch
+
+from torch.utils.flop_counter import FlopCounterMode
 
 from margrpo.benchtools import add_runtime_args, median, report_memory, resolve, sync
 from margrpo.config import load_params, parse_overrides
@@ -72,11 +85,58 @@ def count_syncs(trainer: Trainer, device: torch.device) -> tuple[HostSyncCounter
     return counter, cuda_syncs
 
 
+def count_flops(trainer: Trainer) -> tuple[int, int]:
+    """(FLOPs of Trainer.collect, FLOPs of Trainer.compute_grads) of one more batch."""
+    with FlopCounterMode(display=False) as collect:
+        batch = trainer.collect()
+    with FlopCounterMode(display=False) as loss:
+        trainer.compute_grads(batch)
+    trainer.opt.zero_grad(set_to_none=True)
+    return collect.get_total_flops(), loss.get_total_flops()
+
+
+def head_flops(policy) -> tuple[int, int] | None:
+    """(condition, apply) FLOPs of the head for one token row at one head step, or None for a
+    head that does not split (models/chains.py shared_guided_output)."""
+    if not hasattr(policy, "head_condition"):
+        return None
+    dev = next(policy.parameters()).device
+    t = torch.full((1,), policy.sampler.time_input(0), device=dev)
+    z = torch.zeros(1, policy.config.cond_dim, device=dev)  # TinyMAR, the one split head
+    x = torch.zeros(1, policy.token_dim, device=dev)
+    with torch.no_grad(), FlopCounterMode(display=False) as cond_fc:
+        cond = policy.head_condition(t, z)
+    with torch.no_grad(), FlopCounterMode(display=False) as apply_fc:
+        policy.head_apply(x, cond)
+    return cond_fc.get_total_flops(), apply_fc.get_total_flops()
+
+
+def print_flops(trainers: dict[str, Trainer], names: list[str]) -> None:
+    counts = {n: count_flops(trainers[n]) for n in names}
+    b = trainers[names[0]].tcfg.prompts_per_step * trainers[names[0]].tcfg.group_size
+    print(f"FLOPs per step of {b} images (torch.utils.flop_counter; linear in the batch):")
+    for n in names:
+        c, l = counts[n]
+        print(f"{n:>12}: {(c + l) / 1e9:8.2f} GFLOP = batch {c / 1e9:.2f} + loss {l / 1e9:.2f}")
+    base_c, base_l = counts[names[0]]
+    for n in names[1:]:
+        c, l = counts[n]
+        print(f"FLOP ratio {n}/{names[0]}: {(c + l) / (base_c + base_l):.2f} "
+              f"(batch {c / base_c:.2f}, loss {l / base_l:.2f}; target <= 1.3)")
+    split = head_flops(trainers[names[0]].policy)
+    if split:
+        cond, app = split
+        print(f"head per token row and head step: condition {cond / 1e6:.3f} MFLOP (shared by a token's chains), "
+              f"apply {app / 1e6:.3f} MFLOP (per chain): M more chains cost M x {app / (cond + app):.2f} "
+              f"of the rollout head's operations")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--methods", default="grpo_frozen,mar_grpo")
+    ap.add_argument("--flops", action="store_true", help="also count each method's FLOPs per step")
     ap.add_argument("--syncs-detail", type=int, default=0, metavar="N", help="print the N busiest read sites")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch CPU threads (0: torch's default); 1 is what each of the study's CPU ranks uses")
@@ -106,11 +166,13 @@ def main() -> None:
     def med(n: str, i: int) -> float:
         return median([x[i] for x in times[n]])
 
-    for n in names:
+    for n in names if a.steps else []:
         print(f"{n:>12}: step {med(n, 0):.3f} s wall, {med(n, 1):.3f} s CPU (rollout {med(n, 2):.3f} s)")
-    for n in names[1:]:
+    for n in names[1:] if a.steps else []:
         print(f"ratio {n}/{names[0]}: {med(n, 0) / med(names[0], 0):.2f} wall, "
               f"{med(n, 1) / med(names[0], 1):.2f} CPU (target <= 1.3)")
+    if a.flops:
+        print_flops(trainers, names)
     for n in names:
         counter, cuda_syncs = count_syncs(trainers[n], device)
         extra = f", {cuda_syncs} CUDA syncs (sync debug mode)" if cuda_syncs is not None else ""
