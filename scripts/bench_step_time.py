@@ -53,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from margrpo.benchtools import add_runtime_args, median, report_memory, resolve, sync
 from margrpo.config import load_params, parse_overrides
 from margrpo.hostsync import HostSyncCounter
-from margrpo.rl.trainer import Trainer
+from margrpo.rl.trainer import Batch, Trainer
 from margrpo.world.prompts import make_prompt_set
 
 
@@ -85,14 +85,14 @@ def count_syncs(trainer: Trainer, device: torch.device) -> tuple[HostSyncCounter
     return counter, cuda_syncs
 
 
-def count_flops(trainer: Trainer) -> tuple[int, int]:
-    """(FLOPs of Trainer.collect, FLOPs of Trainer.compute_grads) of one more batch."""
+def count_flops(trainer: Trainer) -> tuple[int, int, Batch]:
+    """(FLOPs of Trainer.collect, FLOPs of Trainer.compute_grads, the batch) of one more batch."""
     with FlopCounterMode(display=False) as collect:
         batch = trainer.collect()
     with FlopCounterMode(display=False) as loss:
         trainer.compute_grads(batch)
     trainer.opt.zero_grad(set_to_none=True)
-    return collect.get_total_flops(), loss.get_total_flops()
+    return collect.get_total_flops(), loss.get_total_flops(), batch
 
 
 def head_flops(policy) -> tuple[int, int] | None:
@@ -112,7 +112,7 @@ def head_flops(policy) -> tuple[int, int] | None:
 
 
 def print_flops(trainers: dict[str, Trainer], names: list[str]) -> None:
-    counts = {n: count_flops(trainers[n]) for n in names}
+    counts = {n: count_flops(trainers[n])[:2] for n in names}
     b = trainers[names[0]].tcfg.prompts_per_step * trainers[names[0]].tcfg.group_size
     print(f"FLOPs per step of {b} images (torch.utils.flop_counter; linear in the batch):")
     for n in names:

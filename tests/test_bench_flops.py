@@ -57,9 +57,8 @@ def test_uncertainty_chains_are_what_mar_grpo_adds_to_the_batch():
     params = study_methods_params()
     mod = bench()
     frozen, mar = trainer(params, "grpo_frozen"), trainer(params, "mar_grpo")
-    (c0, l0), (c1, l1) = mod.count_flops(frozen), mod.count_flops(mar)
+    (c0, l0, _), (c1, l1, batch) = mod.count_flops(frozen), mod.count_flops(mar)
     _, apply = mod.head_flops(mar.policy)
-    batch = trainer(params, "mar_grpo").collect()  # a fresh trainer draws the counted batch again
     rows = sum(p.n_committed for p in batch.plans) * len(batch.adv)  # committed tokens at the loss AR steps
     m, t_head = params.num_trajectories, mar.policy.sampler.num_steps
     assert c1 - c0 == m * t_head * 2 * rows * apply  # M chains x T head steps x (prompt, null) rows
