@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from margrpo.report import ablation
-from margrpo.report.claims import FAILS, HOLDS, NO_DIFF, UNSURE
+from margrpo.report.claims import FAILS, HOLDS, NO_DIFF, UNSURE, Claim
+from margrpo.report.curves import BLOCKS, block_stats
 from margrpo.report.intervals import score_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,6 +199,51 @@ def test_long_run_curves_and_claims_1_2(tmp_path):
     claim1 = next(v for k, v in verdicts.items() if k.startswith("claim 1"))
     claim2 = next(v for k, v in verdicts.items() if k.startswith("claim 2"))
     assert claim1 == HOLDS and claim2 == HOLDS
+
+
+def _one_seed_long(kl_slope_grpo: float) -> dict:
+    """A 200-step long run on seed 0: grpo's KL and grad norm rise by kl_slope_grpo per step,
+    the frozen methods' stay flat; every curve has a ±0.002 step-to-step wiggle."""
+    def hist(slope: float) -> list[dict]:
+        return [{"step": t, "loss/kl": 0.01 + slope * t + 0.002 * (-1) ** t,
+                 "diag/grad_norm_ar": 0.1 + slope * t + 0.002 * (-1) ** (t // 3), "reward/mean": 0.5 + 0.001 * (t % 7)}
+                for t in range(1, 201)]
+
+    methods = {m: {"role": ROLE_OF.get(m), "config": {**METHODS[m], "steps_factor": 10}, "steps": 200,
+                   "history": {"0": hist(kl_slope_grpo if m == "grpo" else 0.0)}}
+               for m in ("grpo", "grpo_frozen", "mar_grpo", "posterior")}
+    # retrained at the study's budget because the seeds changed: no role, not in claims 1-2
+    methods["grpo_frozen_spec"] = {"role": None, "config": METHODS["grpo_frozen_spec"], "steps": 20,
+                                   "history": {"0": hist(0.05)[:20]}}
+    return {"name": "long-x10", "arm": "long", "code": "c0", "commit": "f" * 40,
+            "knobs": {"k": 0.3, "tau": 0.0, "num_trajectories": 4, "seeds": [0]}, "methods": methods}
+
+
+def test_block_stats_replace_seeds_within_one_run():
+    hist = _one_seed_long(0.001)["methods"]["grpo"]["history"]["0"]
+    stats = block_stats(hist)
+    # 50-step windows in 5 blocks of 10 steps: the final blocks' means, growth = 150 steps x slope
+    assert len(stats["final"]["loss/kl"]) == BLOCKS == 5
+    assert stats["final"]["loss/kl"][0] == pytest.approx(0.01 + 0.001 * 155.5)
+    assert stats["growth"]["loss/kl"] == pytest.approx([0.15] * 5)
+    final_rewards = [0.5 + 0.001 * (t % 7) for t in range(151, 201)]
+    assert stats["final"]["reward/peak_drop"] == [pytest.approx(0.506 - sum(final_rewards) / 50)]
+    assert block_stats(hist[:4]) == {"final": {}, "growth": {}}  # fewer steps than blocks: no replicates
+
+
+@pytest.mark.parametrize("slope, verdict", [(0.001, HOLDS), (0.0, UNSURE)])
+def test_one_seed_long_run_judges_claims_1_2_on_blocks(slope, verdict):
+    rec = _one_seed_long(slope)
+    claims = {c.number: c for c in ablation.long_claims(rec)}
+    assert claims[1].status == verdict and claims[2].status == verdict
+    # the frozen single-chain method is grpo_frozen (grpo_frozen_spec has no long-run role)
+    assert all("grpo_frozen_spec" not in p.text for p in claims[2].parts)
+    assert all(p.needed is None and "seeds per group" not in p.render() for c in claims.values() for p in c.parts)
+    study = [Claim(1, "c1", note="study note"), Claim(2, "c2")]
+    ablation.note_long_verdicts(study, [rec])
+    assert study[0].note == f"study note; long run long-x10 (200 steps, seeds [0]): {verdict} " \
+                            "(report section 'Long run: long-x10')"
+    assert study[1].note.startswith("long run long-x10")
 
 
 # ---- collection from DVC experiment refs -----------------------------------------------------------

@@ -158,3 +158,14 @@ def test_score_parts_pair_on_the_common_seeds():
     claims = {c.number: c for c in build_claims({}, {}, METHODS, {}, per_prompt)}
     part = next(p for p in claims[3].parts if p.text.startswith("GenEval"))
     assert part.interval.seeds == 2 and part.d == pytest.approx(0.1) and part.status == HOLDS
+
+
+def test_inconclusive_seed_rule_parts_state_the_seeds_they_would_need():
+    # d = 0.1, sa = sb = 0.1 (3 seeds each): 2se = 0.163 > d; 4 (0.01 + 0.01) / 0.01 = 8 seeds per group
+    part = compare("final reward, a − b", [0.2, 0.3, 0.1], [0.1, 0.2, 0.0])
+    assert part.status == UNSURE and part.needed == pytest.approx(8.0)
+    assert part.render() == "final reward, a − b: d +0.100, 2se 0.163 (inconclusive; ~8 seeds per group for 2se < |d|)"
+    flat = compare("x", [0.1, 0.2, 0.0], [0.1, 0.2, 0.0])
+    assert flat.render().endswith("(inconclusive; no difference measured)")
+    held = compare("x", [1.0, 1.1, 0.9], [0.0, 0.1, -0.1])
+    assert held.render() == "x: d +1.000, 2se 0.163 (holds)"  # a decided part needs no count

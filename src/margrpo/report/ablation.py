@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 from margrpo.config import BUDGET_DEFAULTS, NO_KNOB
-from margrpo.report.curves import train_stats
+from margrpo.report.curves import BLOCKS, block_stats, train_stats
 from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, UNSURE, Claim, Part, build_claims, interval_part,
                                    interval_verdict, knob_claim)
 from margrpo.report.figures import interval_figure, plot_curves
@@ -270,7 +270,7 @@ def long_run(records: list[dict], figures: Path) -> list[Section]:
     sections = []
     for rec in (r for r in records if r["arm"] == "long"):
         by_role = {e.get("role"): m for m, e in rec["methods"].items()}
-        histories = {m: {int(s): rows for s, rows in e.get("history", {}).items()} for m, e in rec["methods"].items()}
+        histories = _histories(rec)
         curves = {m: {s: rows + e.get("evals", {}).get(str(s), []) for s, rows in histories[m].items()}
                   for m, e in rec["methods"].items()}
         steps = sorted({e["steps"] for e in rec["methods"].values()})
@@ -281,7 +281,9 @@ def long_run(records: list[dict], figures: Path) -> list[Section]:
             "point is the base), judge/correct the judge's score of each step's training images; mean over seeds, "
             "band ± 1 std. Test scores and paired comparisons by the claims' rule; claims 1 and 2 by the "
             "claims' rules on these histories (first and last quarter of the steps), all methods at the same "
-            "budget."], anchor=f"long-{rec['name']}")
+            "budget" + (f". One seed: the replicates of claims 1 and 2 are the {BLOCKS} consecutive blocks of each "
+                        "window, so 2se measures the step-to-step noise of this run, not the seed-to-seed spread"
+                        if _one_seed(rec) else "") + "."], anchor=f"long-{rec['name']}")
         if path := plot_curves(curves, list(LONG_CURVES), figures / f"{rec['name']}_curves.png"):
             sec.figures.append(Figure(path, f"{rec['name']}: " + ", ".join(LONG_CURVES)))
         rows = []
@@ -294,17 +296,52 @@ def long_run(records: list[dict], figures: Path) -> list[Section]:
                  and (p := interval_part(f"GenEval overall, {by_role[a]} − {by_role[b]}",
                                          rec["methods"][by_role[a]]["per_prompt"],
                                          rec["methods"][by_role[b]]["per_prompt"], OVERALL))]
-        # Every method of the long run trains the same number of steps: compare them as equals.
-        configs = {m: {k: v for k, v in e["config"].items() if k not in BUDGET_DEFAULTS}
-                   for m, e in rec["methods"].items()}
-        stats = {m: train_stats(h) for m, h in histories.items()}
-        claims = [c for c in build_claims(stats, {}, configs, {}) if c.number in (1, 2)]
+        claims = long_claims(rec)
         sec.tables.append(Table(["comparison / claim", "verdict", "evidence"],
                                 [[p.text, p.status, p.render()] for p in parts]
                                 + [[f"claim {c.number}: {c.claim}", c.status, [p.render() for p in c.parts] or "–"]
                                    for c in claims]))
         sections.append(sec)
     return sections
+
+
+def _histories(rec: dict) -> dict[str, dict[int, list[dict]]]:
+    """method -> seed -> the record's per-step training history."""
+    return {m: {int(s): rows for s, rows in e.get("history", {}).items()} for m, e in rec["methods"].items()}
+
+
+def _one_seed(rec: dict) -> bool:
+    return all(len(h) == 1 for h in _histories(rec).values())
+
+
+def long_claims(rec: dict) -> list[Claim]:
+    """Claims 1 and 2 on a long-run record's training histories, every method at the long
+    budget. Replicates: the seeds, or with one seed the blocks of its windows (block_stats)."""
+    # The methods of the long run (those with a role) train the same number of steps: compare
+    # them as equals. A method the long run retrained at the study's budget is left out.
+    configs = {m: {k: v for k, v in e["config"].items() if k not in BUDGET_DEFAULTS}
+               for m, e in rec["methods"].items() if e.get("role") in LONG_ROLES}
+    histories = {m: h for m, h in _histories(rec).items() if m in configs}
+    one_seed = _one_seed(rec)
+    stats = {m: block_stats(next(iter(h.values()))) if one_seed else train_stats(h)
+             for m, h in histories.items() if h}
+    claims = [c for c in build_claims(stats, {}, configs, {}) if c.number in (1, 2)]
+    for part in (p for c in claims for p in c.parts if one_seed):
+        part.needed = None  # blocks, not seeds: no seed count follows from their spread
+    return claims
+
+
+def note_long_verdicts(claims: list[Claim], records: list[dict]) -> None:
+    """Add each long run's verdict on claims 1 and 2 to the notes of the study's claims (the
+    study's own verdict stays: the claims table judges the study's run)."""
+    by_number = {c.number: c for c in claims}
+    for rec in (r for r in records if r["arm"] == "long"):
+        steps = max(e["steps"] for e in rec["methods"].values())
+        for c in long_claims(rec):
+            if main := by_number.get(c.number):
+                line = (f"long run {rec['name']} ({steps} steps, seeds {rec['knobs']['seeds']}): {c.status} "
+                        f"(report section 'Long run: {rec['name']}')")
+                main.note = f"{main.note}; {line}" if main.note else line
 
 
 def section(records: list[dict], figures: Path) -> tuple[list[Section], Claim | None, dict]:

@@ -64,10 +64,11 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
     claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing, per_prompt)
     # The ablation experiments' committed records (reports/ablation/): their section and claim 4.
-    ablation_sections, knob_claim, ablation_summary = ablation.section(ablation.read_records(reports / "ablation"),
-                                                                       figures)
+    records = ablation.read_records(reports / "ablation")
+    ablation_sections, knob_claim, ablation_summary = ablation.section(records, figures)
     if knob_claim is not None:
         claims = sorted([*claims, knob_claim], key=lambda c: c.number)
+    ablation.note_long_verdicts(claims, records)
 
     opening = [summary_text.held_out(eval_values, methods, per_prompt=per_prompt),
                summary_text.reward_vs_judge(per_prompt, methods), summary_text.training(stats, base_reward),

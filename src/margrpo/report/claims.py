@@ -12,7 +12,8 @@ Two rules (both stated in the report, RULE):
   resample), and score parts of records without per-prompt scores: for a difference d
   between two groups of seeds, with standard error se = sqrt(sa^2/na + sb^2/nb) (std
   over seeds, ddof=1), "holds" if d > 2 se in the claimed direction, "does not hold" if
-  d < -2 se, and "inconclusive" otherwise or with fewer than 2 seeds per group.
+  d < -2 se, and "inconclusive" otherwise (with the seeds per group at which the measured d
+  would be 2 se) or with fewer than 2 seeds per group.
 
 A claim does not hold if any part does not hold, holds if every part holds, is "no
 difference larger than δ" if every score part is, else inconclusive.
@@ -50,8 +51,9 @@ RULE = (f"score parts (GenEval, T2I) with per-prompt scores: the paired bootstra
         f"(enough to exclude 0 or to lie within ±δ whatever d), assuming the measured seed-to-seed variance and "
         f"the same prompts; training-curve parts (KL, gradient norm, reward, gradient probes), and score parts "
         f"without per-prompt scores: d of seed means vs its standard error se = sqrt(sa²/na + sb²/nb), "
-        f"holds if d > 2·se in the claimed direction, does not hold if d < −2·se, inconclusive otherwise or with "
-        f"< 2 seeds per group; a claim does not hold if any part does not hold, holds if every part holds, "
+        f"holds if d > 2·se in the claimed direction, does not hold if d < −2·se, inconclusive otherwise (with the "
+        f"seeds per group, 4·(sa² + sb²)/d², at which the measured d would be 2·se) or with < 2 seeds per group; "
+        f"a claim does not hold if any part does not hold, holds if every part holds, "
         f"is {NO_DIFF} if every score part is, and is inconclusive otherwise")
 
 
@@ -63,6 +65,9 @@ class Part:
     status: str = UNSURE
     score: bool = False  # a benchmark-score part (the claim's "no difference" reads these)
     interval: Interval | None = None  # the bootstrap interval of d (score parts with per-prompt scores)
+    # Seed-rule parts: seeds per group that would make 2 se < |d| at the measured d and spread
+    # (None where the replicates are not seeds, e.g. the blocks of one run).
+    needed: float | None = None
 
     def render(self) -> str:
         """One short evidence line: what is compared, the difference, 2 se or the interval,
@@ -79,7 +84,11 @@ class Part:
             return f"{self.text}: d {iv.cell(signed=True)} ({self.status}{extra})"
         if self.se is None or math.isnan(self.se):
             return f"{self.text}: d {self.d:+.3f}, one seed ({self.status})"
-        return f"{self.text}: d {self.d:+.3f}, 2se {2 * self.se:.3f} ({self.status})"
+        extra = ""
+        if self.status == UNSURE and self.needed is not None:
+            extra = ("; no difference measured" if math.isinf(self.needed)
+                     else f"; ~{math.ceil(round(self.needed, 6))} seeds per group for 2se < |d|")
+        return f"{self.text}: d {self.d:+.3f}, 2se {2 * self.se:.3f} ({self.status}{extra})"
 
 
 @dataclass
@@ -165,7 +174,9 @@ def compare_stats(text: str, better: tuple[float, float, int], worse: tuple[floa
     (mb, sb, nb), (mw, sw, nw) = better, worse
     if nb < 2 or nw < 2:
         return Part(text, mb - mw, math.nan, UNSURE)
-    return _verdict(text, mb - mw, math.sqrt(sb ** 2 / nb + sw ** 2 / nw))
+    part = _verdict(text, mb - mw, math.sqrt(sb ** 2 / nb + sw ** 2 / nw))
+    part.needed = _seeds_for(part.d, sb ** 2 + sw ** 2)
+    return part
 
 
 def one_sample(text: str, values: list[float] | None) -> Part:
@@ -175,7 +186,15 @@ def one_sample(text: str, values: list[float] | None) -> Part:
     m, sd, n = mean_std(values)
     if n < 2:
         return Part(text, m, math.nan, UNSURE)
-    return _verdict(text, m, sd / math.sqrt(n))
+    part = _verdict(text, m, sd / math.sqrt(n))
+    part.needed = _seeds_for(m, sd ** 2)
+    return part
+
+
+def _seeds_for(d: float, var: float) -> float:
+    """n with 2 sqrt(var / n) = |d|: the seeds per group at which the measured difference
+    would be two standard errors (var = the sum of the groups' per-seed variances)."""
+    return math.inf if d == 0 else 4 * var / d ** 2
 
 
 def _neg(vals: list[float] | None) -> list[float] | None:
