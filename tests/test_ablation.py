@@ -9,7 +9,7 @@ import pytest
 
 from margrpo.report import ablation
 from margrpo.report.claims import FAILS, HOLDS, NO_DIFF, UNSURE, Claim
-from margrpo.report.curves import BLOCKS, block_stats
+from margrpo.report.blocks import BLOCKS, block_stats
 from margrpo.report.intervals import score_interval
 
 ROOT = Path(__file__).resolve().parents[1]

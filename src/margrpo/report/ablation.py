@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Mapping
 
 from margrpo.config import BUDGET_DEFAULTS, NO_KNOB
-from margrpo.report.curves import BLOCKS, block_stats, train_stats
+from margrpo.report.blocks import BLOCKS, block_stats
+from margrpo.report.curves import train_stats
 from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, UNSURE, Claim, Part, build_claims, interval_part,
                                    interval_verdict, knob_claim)
 from margrpo.report.figures import interval_figure, plot_curves

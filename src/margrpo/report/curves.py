@@ -13,9 +13,6 @@ from margrpo.stats import mean_std
 SPARSE_PREFIXES = ("probe/",)
 # Fraction of the run used as the "final" (and "early") window.
 WINDOW = 0.25
-# Blocks per window that stand in for seeds when a run has one seed (block_stats): 5 blocks
-# of 10 steps in a 200-step run's 50-step window.
-BLOCKS = 5
 
 
 def read_history(path: Path) -> list[dict]:
@@ -49,20 +46,15 @@ def curve_csv(rows: list[dict]) -> str:
     return out.getvalue()
 
 
-def _window(hist: list[dict], key: str, which: str) -> list[float]:
-    """`key`'s finite values, in step order, over the first or last WINDOW of the steps that
-    have it (every step for sparse keys)."""
-    vals = [r[key] for r in hist if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-    if vals and not key.startswith(SPARSE_PREFIXES):
-        n = max(1, math.ceil(WINDOW * len(vals)))
-        vals = vals[-n:] if which == "final" else vals[:n]
-    return vals
-
-
 def window_mean(hist: list[dict], key: str, which: str = "final") -> float | None:
     """Mean of `key` over the first or last WINDOW of steps (all steps for sparse keys)."""
-    vals = _window(hist, key, which)
-    return sum(vals) / len(vals) if vals else None
+    vals = [(r["step"], r[key]) for r in hist if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    if not vals:
+        return None
+    if not key.startswith(SPARSE_PREFIXES):
+        n = max(1, math.ceil(WINDOW * len(vals)))
+        vals = vals[-n:] if which == "final" else vals[:n]
+    return sum(v for _, v in vals) / len(vals)
 
 
 # Metrics worth a column in `dvc metrics show` / `dvc exp show` (the full set is in MLflow).
@@ -78,34 +70,6 @@ def final_window(histories: dict[int, list[dict]]) -> dict:
         if per_seed:
             mean[k], std[k], _ = mean_std(per_seed)
     return {"final_window": {"mean": mean, "std": std}, "seeds": len(histories)}
-
-
-def block_stats(hist: list[dict], blocks: int = BLOCKS) -> dict[str, dict[str, list[float]]]:
-    """train_stats of one seed's run with `blocks` consecutive blocks of each window as the
-    replicates: 'final' the block means of the final window, 'growth' final block i − early
-    block i, 'reward/peak_drop' the run's one value. Steps within a block are averaged, so
-    the blocks' spread measures the step-to-step noise of one run (a trend within a window
-    widens it); it says nothing of the seed-to-seed spread. Dense keys only."""
-    keys = sorted({k for r in hist for k in _numeric(r) if not k.startswith(SPARSE_PREFIXES)})
-    final: dict[str, list[float]] = {}
-    growth: dict[str, list[float]] = {}
-    for k in keys:
-        f, e = _blocks(_window(hist, k, "final"), blocks), _blocks(_window(hist, k, "early"), blocks)
-        if f:
-            final[k] = f
-        if f and len(e) == len(f):
-            growth[k] = [a - b for a, b in zip(f, e)]
-    if "reward/mean" in final:
-        rewards = [r["reward/mean"] for r in hist if "reward/mean" in r]
-        final["reward/peak_drop"] = [max(rewards) - window_mean(hist, "reward/mean", "final")]
-    return {"final": final, "growth": growth}
-
-
-def _blocks(vals: list[float], blocks: int) -> list[float]:
-    """Means of `blocks` equal consecutive blocks of `vals` (the last len % blocks values
-    left out); [] when there are fewer values than blocks."""
-    size = len(vals) // blocks
-    return [sum(vals[i * size:(i + 1) * size]) / size for i in range(blocks)] if size else []
 
 
 def train_stats(histories: dict[int, list[dict]]) -> dict[str, dict[str, list[float]]]:
