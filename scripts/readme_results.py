@@ -1,4 +1,4 @@
-"""Write the README's results table from the committed study (reports/), or check it.
+"""Write the README's results table and claims line from the committed study (reports/), or check it.
 
     .venv/bin/python scripts/readme_results.py          # rewrite the block in README.md
     .venv/bin/python scripts/readme_results.py --check  # exit 1 when README.md is stale
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from margrpo.config import load_params
-from margrpo.report.readme import replace_block, results_table
+from margrpo.report.readme import claims_line, replace_block, results_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,6 +21,8 @@ def main() -> int:
     args = ap.parse_args()
     params = load_params(ROOT / "params.yaml")
     table = results_table(ROOT / "reports", ["base", *params.methods])
+    if line := claims_line(ROOT / "reports"):
+        table = f"{table}\n\n{line}"
     readme = ROOT / "README.md"
     text = readme.read_text()
     new = replace_block(text, table)

@@ -1,11 +1,12 @@
 """The README's results table is written from the committed study and must match it."""
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from margrpo.report.readme import END, START, replace_block
+from margrpo.report.readme import END, START, claims_line, replace_block
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,3 +22,11 @@ def test_replace_block():
     assert replace_block(text, "| a |") == f"intro\n{START}\n| a |\n{END}\noutro\n"
     with pytest.raises(ValueError, match="results:start"):
         replace_block("no markers", "| a |")
+
+
+def test_claims_line_groups_summary_codes_by_verdict(tmp_path):
+    assert claims_line(tmp_path) == ""  # no summary.json: no line
+    (tmp_path / "summary.json").write_text(json.dumps({"claims": {"claim10": 0, "claim2": 1, "claim1": -1,
+                                                                  "claim4": 2, "claim3": 0}}))
+    assert claims_line(tmp_path) == ("Claims of the paper (method.md §6) in the report's claims table: does not hold: "
+                                     "1; holds: 2; inconclusive: 3, 10; no difference larger than δ: 4.")

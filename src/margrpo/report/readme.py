@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from margrpo.report.claims import STATUS_CODE
 from margrpo.report.intervals import NOVEL_SUBSETS, read_per_prompt, score_interval
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -63,6 +64,20 @@ def results_table(reports: Path, targets: list[str]) -> str:
                      f"{'–' if novel is None else f'{novel.point:.3f}'} | "
                      f"{'–' if proxy is None else f'{proxy:.3f}'} | {minutes} |")
     return "\n".join(lines)
+
+
+def claims_line(reports: Path) -> str:
+    """The claims' verdicts as reports/summary.json codes them (the report's claims table,
+    claims.STATUS_CODE), grouped by verdict; '' without them."""
+    codes = _json(reports / "summary.json").get("claims", {})
+    status = {code: name for name, code in STATUS_CODE.items()}
+    by_status: dict[str, list[str]] = {}
+    for key, code in sorted(codes.items(), key=lambda kv: int(kv[0].removeprefix("claim"))):
+        by_status.setdefault(status[code], []).append(key.removeprefix("claim"))
+    if not by_status:
+        return ""
+    return ("Claims of the paper (method.md §6) in the report's claims table: "
+            + "; ".join(f"{name}: {', '.join(nums)}" for name, nums in sorted(by_status.items())) + ".")
 
 
 def replace_block(text: str, table: str) -> str:
