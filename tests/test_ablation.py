@@ -3,6 +3,7 @@ from fabricated records with known differences (scripts/ablation.py itself:
 tests/test_ablation_script.py)."""
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -202,48 +203,66 @@ def test_long_run_curves_and_claims_1_2(tmp_path):
 
 
 def _one_seed_long(kl_slope_grpo: float) -> dict:
-    """A 200-step long run on seed 0: grpo's KL and grad norm rise by kl_slope_grpo per step,
-    the frozen methods' stay flat; every curve has a ±0.002 step-to-step wiggle."""
-    def hist(slope: float) -> list[dict]:
-        return [{"step": t, "loss/kl": 0.01 + slope * t + 0.002 * (-1) ** t,
-                 "diag/grad_norm_ar": 0.1 + slope * t + 0.002 * (-1) ** (t // 3), "reward/mean": 0.5 + 0.001 * (t % 7)}
-                for t in range(1, 201)]
+    """A 200-step long run on seed 0: grpo's KL and AR grad norm change by kl_slope_grpo per
+    step, the frozen methods' stay flat; every curve has seeded Gaussian step noise."""
+    rng = random.Random(0)
+
+    def hist(slope: float, steps: int = 200) -> list[dict]:
+        return [{"step": t, "loss/kl": 0.02 + slope * t + rng.gauss(0, 0.002),
+                 "diag/grad_norm_ar": 0.1 + slope * t + rng.gauss(0, 0.002), "reward/mean": 0.5 + rng.gauss(0, 0.01)}
+                for t in range(1, steps + 1)]
 
     methods = {m: {"role": ROLE_OF.get(m), "config": {**METHODS[m], "steps_factor": 10}, "steps": 200,
                    "history": {"0": hist(kl_slope_grpo if m == "grpo" else 0.0)}}
                for m in ("grpo", "grpo_frozen", "mar_grpo", "posterior")}
     # retrained at the study's budget because the seeds changed: no role, not in claims 1-2
     methods["grpo_frozen_spec"] = {"role": None, "config": METHODS["grpo_frozen_spec"], "steps": 20,
-                                   "history": {"0": hist(0.05)[:20]}}
+                                   "history": {"0": hist(0.05, 20)}}
     return {"name": "long-x10", "arm": "long", "code": "c0", "commit": "f" * 40,
             "knobs": {"k": 0.3, "tau": 0.0, "num_trajectories": 4, "seeds": [0]}, "methods": methods}
 
 
 def test_block_stats_replace_seeds_within_one_run():
-    hist = _one_seed_long(0.001)["methods"]["grpo"]["history"]["0"]
+    hist = [{"step": t, "loss/kl": float(t), "reward/mean": 1.0 if t == 7 else 0.0, "probe/snr": 1.0}
+            for t in range(1, 213)]
     stats = block_stats(hist)
-    # 50-step windows in 5 blocks of 10 steps: the final blocks' means, growth = 150 steps x slope
-    assert len(stats["final"]["loss/kl"]) == BLOCKS == 5
-    assert stats["final"]["loss/kl"][0] == pytest.approx(0.01 + 0.001 * 155.5)
-    assert stats["growth"]["loss/kl"] == pytest.approx([0.15] * 5)
-    final_rewards = [0.5 + 0.001 * (t % 7) for t in range(151, 201)]
-    assert stats["final"]["reward/peak_drop"] == [pytest.approx(0.506 - sum(final_rewards) / 50)]
+    # 212 steps: 53-step windows, 5 blocks of 10; the final window keeps the run's last 50 steps
+    # (163-212), the early one its first 50 (1-50)
+    assert BLOCKS == 5 and stats["final"]["loss/kl"] == pytest.approx([167.5, 177.5, 187.5, 197.5, 207.5])
+    assert stats["growth"]["loss/kl"] == pytest.approx([162.0] * 5)
+    assert stats["final"]["reward/peak_drop"] == [pytest.approx(1.0)]  # peak 1 at step 7, 0 at the end
+    assert "probe/snr" not in stats["final"]  # sparse keys are not blocked
     assert block_stats(hist[:4]) == {"final": {}, "growth": {}}  # fewer steps than blocks: no replicates
 
 
-@pytest.mark.parametrize("slope, verdict", [(0.001, HOLDS), (0.0, UNSURE)])
+@pytest.mark.parametrize("slope, verdict", [(0.001, HOLDS), (0.0, UNSURE), (-0.0001, FAILS)])
 def test_one_seed_long_run_judges_claims_1_2_on_blocks(slope, verdict):
+    """grpo's KL rising 0.15 over the run holds; flat curves (noise only) stay inconclusive;
+    KL falling 0.015 does not hold (claim 1), nor does grpo above the frozen head (claim 2)."""
     rec = _one_seed_long(slope)
-    claims = {c.number: c for c in ablation.long_claims(rec)}
-    assert claims[1].status == verdict and claims[2].status == verdict
+    claims, one_seed = ablation.long_claims(rec)
+    claims = {c.number: c for c in claims}
+    assert one_seed and claims[1].status == verdict and claims[2].status == verdict
+    assert all(p.se > 0 for c in claims.values() for p in c.parts)  # the blocks' spread, not a cancelled zero
     # the frozen single-chain method is grpo_frozen (grpo_frozen_spec has no long-run role)
     assert all("grpo_frozen_spec" not in p.text for p in claims[2].parts)
     assert all(p.needed is None and "seeds per group" not in p.render() for c in claims.values() for p in c.parts)
     study = [Claim(1, "c1", note="study note"), Claim(2, "c2")]
     ablation.note_long_verdicts(study, [rec])
-    assert study[0].note == f"study note; long run long-x10 (200 steps, seeds [0]): {verdict} " \
-                            "(report section 'Long run: long-x10')"
+    assert study[0].note == (f"study note; long run long-x10 (200 steps, seed 0, replicates: 5 blocks of one run): "
+                             f"{verdict} (report section 'Long run: long-x10')")
     assert study[1].note.startswith("long run long-x10")
+
+
+def test_one_seed_is_decided_on_the_long_runs_own_methods():
+    rec = _one_seed_long(0.001)
+    rec["methods"]["grpo_frozen_spec"]["history"] = {}  # a method without a role or history changes nothing
+    assert ablation.long_claims(rec)[1] is True
+    rec["methods"]["grpo"]["history"]["1"] = rec["methods"]["grpo"]["history"]["0"]
+    claims, one_seed = ablation.long_claims(rec)
+    assert not one_seed  # two seeds somewhere: the seed rule, which needs two seeds per group
+    # claim 2 compares grpo's two seeds with grpo_frozen's one: no standard error
+    assert claims[1].number == 2 and claims[1].parts[0].render().endswith("one seed (inconclusive)")
 
 
 # ---- collection from DVC experiment refs -----------------------------------------------------------

@@ -1,10 +1,12 @@
 """Claim verdicts of the report (method.md §6) from per-seed numbers."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, RULE, STATUS_CODE, UNSURE, Claim, Part, build_claims,
-                                   compare, interval_verdict)
+                                   compare, compare_stats, interval_verdict, one_sample)
 from margrpo.report.intervals import Interval
 
 METHODS = {
@@ -161,11 +163,18 @@ def test_score_parts_pair_on_the_common_seeds():
 
 
 def test_inconclusive_seed_rule_parts_state_the_seeds_they_would_need():
-    # d = 0.1, sa = sb = 0.1 (3 seeds each): 2se = 0.163 > d; 4 (0.01 + 0.01) / 0.01 = 8 seeds per group
+    # d = 0.1, sa = sb = 0.1 (3 seeds each): 2se = 0.163 > d; 2se = d at n = 4 (0.01 + 0.01) / 0.01 = 8,
+    # so 9 seeds per group put d beyond 2se
     part = compare("final reward, a − b", [0.2, 0.3, 0.1], [0.1, 0.2, 0.0])
     assert part.status == UNSURE and part.needed == pytest.approx(8.0)
-    assert part.render() == "final reward, a − b: d +0.100, 2se 0.163 (inconclusive; ~8 seeds per group for 2se < |d|)"
+    assert part.render() == "final reward, a − b: d +0.100, 2se 0.163 (inconclusive; 9 seeds per group for 2se < |d|)"
     flat = compare("x", [0.1, 0.2, 0.0], [0.1, 0.2, 0.0])
     assert flat.render().endswith("(inconclusive; no difference measured)")
+    tiny = compare("x", [0.2, 0.3, 0.1001], [0.2, 0.3, 0.1])  # d = 3e-5 against a spread of 0.1
+    assert tiny.render().endswith("(inconclusive; > 1000 seeds per group for 2se < |d|)")
+    nan = compare_stats("x", (math.nan, 0.1, 3), (0.0, 0.1, 3))
+    assert nan.render().endswith("(inconclusive; no difference measured)")
+    one = one_sample("growth", [0.1, -0.05, 0.04])  # d = 0.03, s = 0.0764: 4 s² / d² = 25.9
+    assert one.status == UNSURE and one.render().endswith("(inconclusive; 26 seeds per group for 2se < |d|)")
     held = compare("x", [1.0, 1.1, 0.9], [0.0, 0.1, -0.1])
     assert held.render() == "x: d +1.000, 2se 0.163 (holds)"  # a decided part needs no count

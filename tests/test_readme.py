@@ -27,6 +27,7 @@ def test_replace_block():
 def test_claims_line_groups_summary_codes_by_verdict(tmp_path):
     assert claims_line(tmp_path) == ""  # no summary.json: no line
     (tmp_path / "summary.json").write_text(json.dumps({"claims": {"claim10": 0, "claim2": 1, "claim1": -1,
-                                                                  "claim4": 2, "claim3": 0}}))
-    assert claims_line(tmp_path) == ("Claims of the paper (method.md §6) in the report's claims table: does not hold: "
-                                     "1; holds: 2; inconclusive: 3, 10; no difference larger than δ: 4.")
+                                                                  "claim4": 2, "claim3": 0, "claim5": None,
+                                                                  "note": 1}}))
+    assert claims_line(tmp_path) == ("Claims of the paper (method.md §6) in the report's claims table: holds: 2; "
+                                     "no difference larger than δ: 4; inconclusive: 3, 10; does not hold: 1.")

@@ -272,6 +272,7 @@ def long_run(records: list[dict], figures: Path) -> list[Section]:
     for rec in (r for r in records if r["arm"] == "long"):
         by_role = {e.get("role"): m for m, e in rec["methods"].items()}
         histories = _histories(rec)
+        claims, one_seed = long_claims(rec)
         curves = {m: {s: rows + e.get("evals", {}).get(str(s), []) for s, rows in histories[m].items()}
                   for m, e in rec["methods"].items()}
         steps = sorted({e["steps"] for e in rec["methods"].values()})
@@ -281,10 +282,12 @@ def long_run(records: list[dict], figures: Path) -> list[Section]:
             "eval/geneval/overall is the judge's score of the validation prompts during training (the first "
             "point is the base), judge/correct the judge's score of each step's training images; mean over seeds, "
             "band ± 1 std. Test scores and paired comparisons by the claims' rule; claims 1 and 2 by the "
-            "claims' rules on these histories (first and last quarter of the steps), all methods at the same "
-            "budget" + (f". One seed: the replicates of claims 1 and 2 are the {BLOCKS} consecutive blocks of each "
-                        "window, so 2se measures the step-to-step noise of this run, not the seed-to-seed spread"
-                        if _one_seed(rec) else "") + "."], anchor=f"long-{rec['name']}")
+            "claims' rules on these histories (first and last quarter of the steps), the long run's methods at "
+            "the same budget (a method it retrained at the study's budget is left out)"
+            + (f". One seed: the replicates of claims 1 and 2 are the {BLOCKS} consecutive blocks of each window "
+               "(report/blocks.py), so 2se is the spread of block means within this run, a lower bound on its "
+               "uncertainty (neighbouring steps are correlated), and says nothing of the seed-to-seed spread"
+               if one_seed else "") + "."], anchor=f"long-{rec['name']}")
         if path := plot_curves(curves, list(LONG_CURVES), figures / f"{rec['name']}_curves.png"):
             sec.figures.append(Figure(path, f"{rec['name']}: " + ", ".join(LONG_CURVES)))
         rows = []
@@ -297,7 +300,6 @@ def long_run(records: list[dict], figures: Path) -> list[Section]:
                  and (p := interval_part(f"GenEval overall, {by_role[a]} − {by_role[b]}",
                                          rec["methods"][by_role[a]]["per_prompt"],
                                          rec["methods"][by_role[b]]["per_prompt"], OVERALL))]
-        claims = long_claims(rec)
         sec.tables.append(Table(["comparison / claim", "verdict", "evidence"],
                                 [[p.text, p.status, p.render()] for p in parts]
                                 + [[f"claim {c.number}: {c.claim}", c.status, [p.render() for p in c.parts] or "–"]
@@ -311,25 +313,21 @@ def _histories(rec: dict) -> dict[str, dict[int, list[dict]]]:
     return {m: {int(s): rows for s, rows in e.get("history", {}).items()} for m, e in rec["methods"].items()}
 
 
-def _one_seed(rec: dict) -> bool:
-    return all(len(h) == 1 for h in _histories(rec).values())
-
-
-def long_claims(rec: dict) -> list[Claim]:
-    """Claims 1 and 2 on a long-run record's training histories, every method at the long
-    budget. Replicates: the seeds, or with one seed the blocks of its windows (block_stats)."""
+def long_claims(rec: dict) -> tuple[list[Claim], bool]:
+    """Claims 1 and 2 on a long-run record's training histories, and whether they had one
+    seed. Replicates: the seeds, or with one seed the blocks of its windows (block_stats)."""
     # The methods of the long run (those with a role) train the same number of steps: compare
     # them as equals. A method the long run retrained at the study's budget is left out.
     configs = {m: {k: v for k, v in e["config"].items() if k not in BUDGET_DEFAULTS}
                for m, e in rec["methods"].items() if e.get("role") in LONG_ROLES}
-    histories = {m: h for m, h in _histories(rec).items() if m in configs}
-    one_seed = _one_seed(rec)
-    stats = {m: block_stats(next(iter(h.values()))) if one_seed else train_stats(h)
-             for m, h in histories.items() if h}
+    histories = {m: h for m, h in _histories(rec).items() if m in configs and h}
+    one_seed = bool(histories) and all(len(h) == 1 for h in histories.values())
+    stats = {m: block_stats(next(iter(h.values()))) if one_seed else train_stats(h) for m, h in histories.items()}
     claims = [c for c in build_claims(stats, {}, configs, {}) if c.number in (1, 2)]
-    for part in (p for c in claims for p in c.parts if one_seed):
-        part.needed = None  # blocks, not seeds: no seed count follows from their spread
-    return claims
+    if one_seed:
+        for part in (p for c in claims for p in c.parts):
+            part.needed = None  # blocks, not seeds: no seed count follows from their spread
+    return claims, one_seed
 
 
 def note_long_verdicts(claims: list[Claim], records: list[dict]) -> None:
@@ -337,10 +335,13 @@ def note_long_verdicts(claims: list[Claim], records: list[dict]) -> None:
     study's own verdict stays: the claims table judges the study's run)."""
     by_number = {c.number: c for c in claims}
     for rec in (r for r in records if r["arm"] == "long"):
-        steps = max(e["steps"] for e in rec["methods"].values())
-        for c in long_claims(rec):
-            if main := by_number.get(c.number):
-                line = (f"long run {rec['name']} ({steps} steps, seeds {rec['knobs']['seeds']}): {c.status} "
+        steps = max((e["steps"] for e in rec["methods"].values()), default=0)
+        long, one_seed = long_claims(rec)
+        for c in long:
+            if (main := by_number.get(c.number)) and any(p.d is not None for p in c.parts):
+                kind = f"seed {rec['knobs']['seeds'][0]}, replicates: {BLOCKS} blocks of one run" if one_seed \
+                    else f"seeds {rec['knobs']['seeds']}"
+                line = (f"long run {rec['name']} ({steps} steps, {kind}): {c.status} "
                         f"(report section 'Long run: {rec['name']}')")
                 main.note = f"{main.note}; {line}" if main.note else line
 

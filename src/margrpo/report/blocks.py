@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 
-from margrpo.report.curves import SPARSE_PREFIXES, WINDOW, window_mean
+from margrpo.report.curves import SPARSE_PREFIXES, WINDOW, _numeric, window_mean
 
-# Blocks per window: 5 blocks of 10 steps in a 200-step run's 50-step window.
+# Blocks per window. Five is the fewest that give a spread with some stability (4 degrees of
+# freedom) while each block stays long (10 steps of a 200-step run's 50-step window), so that
+# neighbouring blocks are closer to independent than neighbouring steps.
 BLOCKS = 5
 
 
@@ -17,33 +19,36 @@ def block_stats(hist: list[dict], blocks: int = BLOCKS) -> dict[str, dict[str, l
     """curves.train_stats of one seed's run with `blocks` consecutive blocks of each window
     (the first and last WINDOW of its steps) as the replicates: 'final' the block means of
     the final window, 'growth' final block i − early block i, 'reward/peak_drop' the run's
-    one value. Steps within a block are averaged, so the blocks' spread measures the
-    step-to-step noise of one run (a trend within a window widens it); it says nothing of
-    the seed-to-seed spread. Dense keys only."""
-    keys = sorted({k for r in hist for k, v in r.items() if k != "step" and _finite(v)
-                   and not k.startswith(SPARSE_PREFIXES)})
+    one value. Dense keys only.
+
+    The growth pairs a final block with the early block at the same place in its window, as
+    seeds pair a seed's own windows: a trend that both windows share cancels in the pairs, so
+    their spread is that of the blocks around it. Steps are autocorrelated, so neighbouring
+    blocks are too, and 2 se from blocks is a lower bound on the uncertainty. Nothing here
+    measures the seed-to-seed spread."""
+    keys = sorted({k for r in hist for k in _numeric(r) if not k.startswith(SPARSE_PREFIXES)})
     final: dict[str, list[float]] = {}
     growth: dict[str, list[float]] = {}
     for k in keys:
-        vals = [r[k] for r in hist if _finite(r.get(k))]
+        vals = [v for r in hist if (v := _numeric(r).get(k)) is not None]
         n = max(1, math.ceil(WINDOW * len(vals)))  # the window of curves.window_mean
-        f, e = _blocks(vals[-n:], blocks), _blocks(vals[:n], blocks)
+        f, e = _blocks(vals[-n:], blocks, from_end=True), _blocks(vals[:n], blocks, from_end=False)
         if f:
             final[k] = f
         if f and len(e) == len(f):
             growth[k] = [a - b for a, b in zip(f, e)]
     if "reward/mean" in final:
-        rewards = [r["reward/mean"] for r in hist if _finite(r.get("reward/mean"))]
+        rewards = [v for r in hist if (v := _numeric(r).get("reward/mean")) is not None]
         final["reward/peak_drop"] = [max(rewards) - window_mean(hist, "reward/mean", "final")]
     return {"final": final, "growth": growth}
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _blocks(vals: list[float], blocks: int) -> list[float]:
-    """Means of `blocks` equal consecutive blocks of `vals` (the last len % blocks values
-    left out); [] when there are fewer values than blocks."""
+def _blocks(vals: list[float], blocks: int, from_end: bool) -> list[float]:
+    """Means of `blocks` equal consecutive blocks of `vals`; the len % blocks values left
+    over are dropped at the start (from_end: the final window keeps the run's last steps)
+    or at the end. [] when there are fewer values than blocks."""
     size = len(vals) // blocks
-    return [sum(vals[i * size:(i + 1) * size]) / size for i in range(blocks)] if size else []
+    if not size:
+        return []
+    vals = vals[len(vals) - size * blocks:] if from_end else vals[:size * blocks]
+    return [sum(vals[i * size:(i + 1) * size]) / size for i in range(blocks)]

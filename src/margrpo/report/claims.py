@@ -12,8 +12,9 @@ Two rules (both stated in the report, RULE):
   resample), and score parts of records without per-prompt scores: for a difference d
   between two groups of seeds, with standard error se = sqrt(sa^2/na + sb^2/nb) (std
   over seeds, ddof=1), "holds" if d > 2 se in the claimed direction, "does not hold" if
-  d < -2 se, and "inconclusive" otherwise (with the seeds per group at which the measured d
-  would be 2 se) or with fewer than 2 seeds per group.
+  d < -2 se, and "inconclusive" otherwise (with the seeds per group beyond which the measured
+  d would exceed 2 se: an even chance of a decision if the true difference is d) or with
+  fewer than 2 seeds per group.
 
 A claim does not hold if any part does not hold, holds if every part holds, is "no
 difference larger than δ" if every score part is, else inconclusive.
@@ -32,6 +33,8 @@ NO_DIFF = "no difference larger than δ"
 # The smallest score difference the study cares about (GenEval / T2I scores in [0, 1]): an
 # interval inside ±DELTA shows the methods equal for practical purposes.
 DELTA = 0.03
+# Seed counts above this print as "> MAX_SEEDS": past it the count only says "unreachable".
+MAX_SEEDS = 1000
 # reports/summary.json's numeric coding of a claim's status (`dvc metrics diff` compares numbers).
 STATUS_CODE = {HOLDS: 1, UNSURE: 0, FAILS: -1, NO_DIFF: 2}
 CLAIM4 = "k = 0.3 is the best trade-off; tau = 0 is best"
@@ -52,7 +55,8 @@ RULE = (f"score parts (GenEval, T2I) with per-prompt scores: the paired bootstra
         f"the same prompts; training-curve parts (KL, gradient norm, reward, gradient probes), and score parts "
         f"without per-prompt scores: d of seed means vs its standard error se = sqrt(sa²/na + sb²/nb), "
         f"holds if d > 2·se in the claimed direction, does not hold if d < −2·se, inconclusive otherwise (with the "
-        f"seeds per group, 4·(sa² + sb²)/d², at which the measured d would be 2·se) or with < 2 seeds per group; "
+        f"seeds per group beyond which the measured d would exceed 2·se, 4·(sa² + sb²)/d², or 4·s²/d² for one "
+        f"group: an even chance of a decision if the true difference is d) or with < 2 seeds per group; "
         f"a claim does not hold if any part does not hold, holds if every part holds, "
         f"is {NO_DIFF} if every score part is, and is inconclusive otherwise")
 
@@ -86,8 +90,10 @@ class Part:
             return f"{self.text}: d {self.d:+.3f}, one seed ({self.status})"
         extra = ""
         if self.status == UNSURE and self.needed is not None:
-            extra = ("; no difference measured" if math.isinf(self.needed)
-                     else f"; ~{math.ceil(round(self.needed, 6))} seeds per group for 2se < |d|")
+            n = self.needed
+            extra = ("; no difference measured" if not math.isfinite(n)
+                     else f"; > {MAX_SEEDS} seeds per group for 2se < |d|" if n >= MAX_SEEDS
+                     else f"; {math.floor(n) + 1} seeds per group for 2se < |d|")
         return f"{self.text}: d {self.d:+.3f}, 2se {2 * self.se:.3f} ({self.status}{extra})"
 
 
@@ -192,9 +198,13 @@ def one_sample(text: str, values: list[float] | None) -> Part:
 
 
 def _seeds_for(d: float, var: float) -> float:
-    """n with 2 sqrt(var / n) = |d|: the seeds per group at which the measured difference
-    would be two standard errors (var = the sum of the groups' per-seed variances)."""
-    return math.inf if d == 0 else 4 * var / d ** 2
+    """n with 2 sqrt(var / n) = |d| (var = the sum of the groups' per-seed variances): more
+    seeds per group than n would put the measured difference beyond two standard errors. An
+    even chance of a decision if the true difference is d; inf where no difference was
+    measured (d = 0, not finite, or too small for the spread to ever resolve)."""
+    if not math.isfinite(d) or not math.isfinite(var) or abs(d) < 1e-12 * max(1.0, math.sqrt(var)):
+        return math.inf
+    return 4 * var / d ** 2
 
 
 def _neg(vals: list[float] | None) -> list[float] | None:

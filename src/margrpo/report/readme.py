@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from margrpo.report.claims import STATUS_CODE
+from margrpo.report.claims import FAILS, HOLDS, NO_DIFF, STATUS_CODE, UNSURE
 from margrpo.report.intervals import NOVEL_SUBSETS, read_per_prompt, score_interval
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -68,16 +68,19 @@ def results_table(reports: Path, targets: list[str]) -> str:
 
 def claims_line(reports: Path) -> str:
     """The claims' verdicts as reports/summary.json codes them (the report's claims table,
-    claims.STATUS_CODE), grouped by verdict; '' without them."""
-    codes = _json(reports / "summary.json").get("claims", {})
+    claims.STATUS_CODE), grouped by verdict from holds to does not hold; '' without them.
+    A key or code it does not know is left out (the claims table has every claim)."""
     status = {code: name for name, code in STATUS_CODE.items()}
-    by_status: dict[str, list[str]] = {}
-    for key, code in sorted(codes.items(), key=lambda kv: int(kv[0].removeprefix("claim"))):
-        by_status.setdefault(status[code], []).append(key.removeprefix("claim"))
+    by_status: dict[str, list[int]] = {}
+    for key, code in _json(reports / "summary.json").get("claims", {}).items():
+        if key.removeprefix("claim").isdigit() and code in status:
+            by_status.setdefault(status[code], []).append(int(key.removeprefix("claim")))
     if not by_status:
         return ""
+    order = (HOLDS, NO_DIFF, UNSURE, FAILS)
     return ("Claims of the paper (method.md §6) in the report's claims table: "
-            + "; ".join(f"{name}: {', '.join(nums)}" for name, nums in sorted(by_status.items())) + ".")
+            + "; ".join(f"{name}: {', '.join(map(str, sorted(by_status[name])))}" for name in order
+                        if name in by_status) + ".")
 
 
 def replace_block(text: str, table: str) -> str:
