@@ -90,6 +90,12 @@ def _iv(low: float, high: float, **kw) -> Interval:
     return Interval(point=(low + high) / 2, low=low, high=high, seeds=3, prompts=6, **kw)
 
 
+def test_one_seed_interval_is_inconclusive_whatever_its_width():
+    # the whole test split as the prompts: one seed's interval has no width, and no seed spread
+    assert interval_verdict(Interval(0.04, 0.04, 0.04, 1, 70)) == UNSURE
+    assert interval_verdict(Interval(0.04, 0.04, 0.04, 2, 70)) == HOLDS
+
+
 def test_interval_verdicts_and_the_no_difference_band():
     assert interval_verdict(_iv(0.01, 0.05)) == HOLDS
     assert interval_verdict(_iv(-0.05, -0.001)) == FAILS

@@ -195,7 +195,9 @@ def _frozen_centre(records: list[dict], s: Series) -> tuple[str, dict, str] | No
 
 
 def _cell(iv, signed: bool = False) -> str:
-    return iv.cell(signed) if iv is not None else "–"
+    if iv is None:
+        return "–"
+    return iv.cell(signed) if iv.seeds > 1 else f"{iv.cell(signed)} (one seed: prompts only)"
 
 
 def comparisons(s: Series, centre: float) -> list[tuple[float, Part]]:

@@ -139,7 +139,11 @@ def _verdict(text: str, d: float, se: float) -> Part:
 
 
 def interval_verdict(iv: Interval, delta: float = DELTA) -> str:
-    """The score rule on the interval of better − worse."""
+    """The score rule on the interval of better − worse. One seed: inconclusive, as in the
+    seed rule. Its interval resamples prompts only, and where the prompts are the whole
+    split it has no width, though nothing measured how another seed would land."""
+    if iv.seeds < 2:
+        return UNSURE
     if iv.low > 0:
         return HOLDS
     if iv.high < 0:
