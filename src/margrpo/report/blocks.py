@@ -26,11 +26,12 @@ def block_stats(hist: list[dict], blocks: int = BLOCKS) -> dict[str, dict[str, l
     their spread is that of the blocks around it. Steps are autocorrelated, so neighbouring
     blocks are too, and 2 se from blocks is a lower bound on the uncertainty. Nothing here
     measures the seed-to-seed spread."""
-    keys = sorted({k for r in hist for k in _numeric(r) if not k.startswith(SPARSE_PREFIXES)})
+    rows = [_numeric(r) for r in hist]
+    keys = sorted({k for r in rows for k in r if not k.startswith(SPARSE_PREFIXES)})
     final: dict[str, list[float]] = {}
     growth: dict[str, list[float]] = {}
     for k in keys:
-        vals = [v for r in hist if (v := _numeric(r).get(k)) is not None]
+        vals = [r[k] for r in rows if k in r]
         n = max(1, math.ceil(WINDOW * len(vals)))  # the window of curves.window_mean
         f, e = _blocks(vals[-n:], blocks, from_end=True), _blocks(vals[:n], blocks, from_end=False)
         if f:
@@ -38,7 +39,7 @@ def block_stats(hist: list[dict], blocks: int = BLOCKS) -> dict[str, dict[str, l
         if f and len(e) == len(f):
             growth[k] = [a - b for a, b in zip(f, e)]
     if "reward/mean" in final:
-        rewards = [v for r in hist if (v := _numeric(r).get("reward/mean")) is not None]
+        rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
         final["reward/peak_drop"] = [max(rewards) - window_mean(hist, "reward/mean", "final")]
     return {"final": final, "growth": growth}
 
