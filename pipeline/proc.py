@@ -12,7 +12,7 @@ the process's whole life:
    for Prefect / MLflow / DVC, DVC's repo lock and the reaper (below);
 2. params.yaml is validated before Prefect starts (a refusal: one line, exit 2);
 3. ranks=True in the stage's own process, with more than one rank over all nodes: start this
-   node's ranks of the same command under torchrun (margrpo.rl.launch, the one launch path)
+   node's ranks of the same command under torchrun (margrpo.ranks.launch, the one launch path)
    and exit with their status, having imported neither torch nor Prefect;
 4. otherwise (one process, or a rank): join the process group, run the flow (a Prefect flow
    on rank 0; on the other ranks the same function without Prefect, so every rank runs the
@@ -132,7 +132,7 @@ def main(stage: str, fn, *, key: tuple[str, str] | None = None, doc: str = "", r
     except ParamsError as err:
         _refuse(stage, err)
     if ranks and not _under_torchrun():
-        from margrpo.rl import launch
+        from margrpo.ranks import launch
 
         try:
             if launch.ranks_per_node(params) * params.runtime.nnodes > 1:
@@ -144,7 +144,7 @@ def main(stage: str, fn, *, key: tuple[str, str] | None = None, doc: str = "", r
 
 
 def _under_torchrun() -> bool:
-    from margrpo.rl.launch import under_torchrun
+    from margrpo.ranks.launch import under_torchrun
 
     return under_torchrun()
 
@@ -152,7 +152,7 @@ def _under_torchrun() -> bool:
 def _in_ranks(fn, device: str):
     """fn inside the process group of torchrun's ranks (no group in a single process)."""
     def call(*args):
-        from margrpo.rl.distributed import init, shutdown
+        from margrpo.ranks.distributed import init, shutdown
 
         init(device)
         try:

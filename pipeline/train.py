@@ -16,7 +16,7 @@ killed `dvc repro` picks up where it stopped. Outputs:
 
 Data parallel over runtime.nproc ranks per node (and runtime.nnodes nodes): every rank runs
 this flow and trains the same seeds in the same order, each on its block of whole groups of
-every step's prompts (margrpo/rl/distributed.py); rank 0 alone logs to MLflow and writes.
+every step's prompts (margrpo/ranks/distributed.py); rank 0 alone logs to MLflow and writes.
 """
 from __future__ import annotations
 

@@ -192,10 +192,10 @@ def params_rules(params) -> list[tuple[str, str, str]]:
     """(dotted key, problem, fix) for each rule of params alone that a stage's code would
     otherwise enforce only once DVC has started the stage (and deleted its cached outputs):
     the ranks that fit this machine and split every method's prompts per step into whole
-    groups (margrpo.rl.launch.rank_problems: runtime.nproc, nnodes, rdzv_endpoint), the even
+    groups (margrpo.ranks.launch.rank_problems: runtime.nproc, nnodes, rdzv_endpoint), the even
     image size of the world's renderer, reward and judge (world/render.py check_size), and
     the TinyMAR's heads and prompt length (models/encoder.py, models/tokenizer.py)."""
-    from margrpo.rl.launch import rank_problems
+    from margrpo.ranks.launch import rank_problems
 
     out = rank_problems(params)
     size = params.world.image_size

@@ -53,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from margrpo.benchtools import add_runtime_args, median, report_memory, resolve, sync
 from margrpo.config import load_params, parse_overrides
 from margrpo.hostsync import HostSyncCounter
-from margrpo.rl.trainer import Batch, Trainer
+from margrpo.training.trainer import Batch, Trainer
 from margrpo.world.prompts import make_prompt_set
 
 

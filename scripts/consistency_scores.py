@@ -24,7 +24,7 @@ import torch
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
-from margrpo.rl.selection import consistency_score
+from margrpo.method.selection import consistency_score
 
 TAUS = (-1.0, 0.0, 0.5)
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)

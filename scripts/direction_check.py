@@ -20,7 +20,7 @@ import torch
 
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
-from margrpo.rl.trainer import Trainer
+from margrpo.training.trainer import Trainer
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import math
 import torch
 
 from margrpo.models.samplers import DDPMSampler, gaussian_log_prob
-from margrpo.rl.estimators import ESTIMATORS, chain_policy_terms, draw_chains, generator_noise
+from margrpo.method.estimators import ESTIMATORS, chain_policy_terms, draw_chains, generator_noise
 
 
 class LinearGaussianToy:

@@ -21,8 +21,8 @@ import time
 
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
-from margrpo.rl.gradprobe import flat_grad, group_halves, pair_stats
-from margrpo.rl.trainer import Trainer
+from margrpo.training.gradprobe import flat_grad, group_halves, pair_stats
+from margrpo.training.trainer import Trainer
 
 
 def measure(tr: Trainer, batches: int) -> dict[str, float]:

@@ -169,7 +169,7 @@ class Brightness:
 
 def trainer_for(policy, kind: str, method: str, batch: int, checkpointing: bool):
     from margrpo.config import load_params
-    from margrpo.rl.trainer import Trainer
+    from margrpo.training.trainer import Trainer
     from margrpo.world.prompts import make_prompt_set
 
     s = SAMPLING[kind]

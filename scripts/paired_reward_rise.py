@@ -25,7 +25,7 @@ from tqdm import tqdm
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.report.learning import reward_rise
-from margrpo.rl.trainer import Trainer
+from margrpo.training.trainer import Trainer
 
 
 def base_rewards(params, method: str, seed: int, steps: int) -> list[float]:

@@ -47,7 +47,7 @@ def record(args) -> None:
 
     import margrpo
     from margrpo.config import load_params
-    from margrpo.rl.trainer import Trainer
+    from margrpo.training.trainer import Trainer
     from margrpo.world.prompts import make_prompt_set
 
     torch.set_num_threads(args.threads)

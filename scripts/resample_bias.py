@@ -36,8 +36,8 @@ from margrpo.config import Params, load_params, parse_overrides
 from margrpo.models.chains import chain_log_probs, gather_rows, sample_chains
 from margrpo.models.loading import load_model
 from margrpo.models.noise import RESAMPLE, UNCERTAINTY, draw_seeds
-from margrpo.rl.estimators import image_noise
-from margrpo.rl.selection import topk_mask, uncertainty_map
+from margrpo.method.estimators import image_noise
+from margrpo.method.selection import topk_mask, uncertainty_map
 from margrpo.world.prompts import make_prompt_set
 
 SETS = ("selected", "unselected", "selected, independent chains")

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
-from margrpo.rl.trainer import Trainer, batch_metrics
+from margrpo.training.trainer import Trainer, batch_metrics
 
 
 def main() -> None:

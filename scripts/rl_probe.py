@@ -5,7 +5,7 @@ learning curve (GenEval-style overall every --eval-every steps).
         -S train.lr=1e-4 -S rewards.0.mode=geneval
 
 Outside DVC and MLflow: a quick way to choose learning rates, group sizes and step counts
-before a study run. It runs the study's training loop (rl/loop.py) in outputs/probes/<name>/
+before a study run. It runs the study's training loop (training/loop.py) in outputs/probes/<name>/
 with train.eval_every = --eval-every; evaluation uses the held-out GenEval-tag prompts with
 evaluate.seed-derived image seeds (the same images for every probe at a given step count),
 --images per prompt (8: about 770 images, standard error about 0.015 on the overall score).
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
-from margrpo.rl.loop import train
-from margrpo.rl.trainer import Trainer
+from margrpo.training.loop import train
+from margrpo.training.trainer import Trainer
 from margrpo.study import heldout_evaluator
 
 

@@ -1,9 +1,9 @@
 """The runs test_distributed.py compares, in one process or as torchrun ranks.
 
     python -m distributed_worker ROOT single [--train-only]     # one plain process
-    python -m margrpo.rl.launch --standalone --nproc-per-node=2 -m distributed_worker ROOT ddp
+    python -m margrpo.ranks.launch --standalone --nproc-per-node=2 -m distributed_worker ROOT ddp
     # two "nodes" of one rank each: the same command twice, meeting at a c10d rendezvous
-    python -m margrpo.rl.launch --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:PORT \
+    python -m margrpo.ranks.launch --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:PORT \
         --nproc-per-node=1 -m distributed_worker ROOT nodes --train-only
 
 Each invocation, on the base model in ROOT/base and the same params (`worker_params`):
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.rl.distributed import current, init, shutdown
+from margrpo.ranks.distributed import current, init, shutdown
 from margrpo.study import sample_and_score, train_run
 from margrpo.world.evaluator import WorldEvaluator
 from margrpo.world.generate import image_seeds

@@ -1,7 +1,7 @@
 """One torchrun rank on DEVICE for tests/test_device_paths.py: the process group a stage joins
 (NCCL on CUDA, gloo on the CPU) and its collectives, then a short tiny mar_grpo training run.
 
-    python -m margrpo.rl.launch --standalone --nproc-per-node=1 -m one_rank_worker ROOT DEVICE
+    python -m margrpo.ranks.launch --standalone --nproc-per-node=1 -m one_rank_worker ROOT DEVICE
 
 Reads the base model in ROOT/base; writes ROOT/collectives.json and the run in ROOT/rank/.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from margrpo.rl.distributed import init, shutdown
+from margrpo.ranks.distributed import init, shutdown
 from margrpo.study import train_run
 from margrpo.world.prompts import make_prompt_set
 

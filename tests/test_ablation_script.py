@@ -41,10 +41,10 @@ def _study(root: Path, k: float, mar_shift: float, run: str, code: str = "x = 1\
                                                 "train": {"seeds": [0, 1, 2], "steps": 20},
                                                 "model": {"checkpoint": "models/base"}}))
     _write(root, "dvc.yaml", yaml.safe_dump({"stages": {
-        "train": {"foreach": list(METHODS), "do": {"deps": ["src/margrpo/rl", "${model.checkpoint}",
+        "train": {"foreach": list(METHODS), "do": {"deps": ["src/margrpo/training", "${model.checkpoint}",
                                                             "reports/validated.txt", "prompts/world_train.jsonl"]}},
         "evaluate": {"foreach": list(METHODS), "do": {"deps": ["${item.input}", "src/margrpo/eval"]}}}}))
-    _write(root, "src/margrpo/rl/step.py", code)
+    _write(root, "src/margrpo/training/step.py", code)
     _write(root, "src/margrpo/eval/judge.py", "y = 2\n")
     _write(root, "models/base/weights", "w")
     _write(root, "prompts/world_train.jsonl", "{}\n")

@@ -15,8 +15,8 @@ from margrpo.models.loading import load_model
 from margrpo.models.nova import NOVATransformer, nova_schedule
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.published import WeightsError
-from margrpo.rl.plan import plan_tokens, speculative_steps_needed
-from margrpo.rl.trainer import Batch, Trainer
+from margrpo.method.plan import plan_tokens, speculative_steps_needed
+from margrpo.training.trainer import Batch, Trainer
 from margrpo.world.prompts import make_prompt_set
 
 from adapter_fixtures import TINY_NOVA, Brightness, save_published_harmon, save_published_nova, tiny_harmon, tiny_nova

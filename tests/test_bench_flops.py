@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import TINY, randomize_head
 from margrpo.config import parse_params
-from margrpo.rl.trainer import Trainer
+from margrpo.training.trainer import Trainer
 from margrpo.world.grammar import VOCAB
 from margrpo.world.prompts import make_prompt_set
 

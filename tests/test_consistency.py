@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from margrpo.models.mar import TINY_CONSISTENCY_REFERENCE
-from margrpo.rl.plan import CONSISTENCY_KEYS, loss_tokens, plan_tokens
-from margrpo.rl.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
+from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_tokens
+from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, content_cos, loss_token_mask)
 from conftest import tiny_params
 

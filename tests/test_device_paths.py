@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 from margrpo.models.loading import new_model
-from margrpo.rl.launch import torchrun_command
-from margrpo.rl.trainer import Trainer
+from margrpo.ranks.launch import torchrun_command
+from margrpo.training.trainer import Trainer
 from margrpo.study import train_run
 from margrpo.world.grammar import VOCAB
 from margrpo.world.prompts import make_prompt_set

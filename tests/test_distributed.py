@@ -9,7 +9,7 @@ by one ends like the others. Two "nodes" of one rank each, started apart as a sc
 would and meeting at a c10d rendezvous on localhost, train like one process too.
 
 Without processes: how many ranks runtime.nproc / nnodes give on a CPU, one GPU and N GPUs
-(margrpo.rl.launch), and the stage process that starts them without torch or Prefect.
+(margrpo.ranks.launch), and the stage process that starts them without torch or Prefect.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from safetensors.torch import load_file
 from margrpo.models.loading import new_model
 from margrpo.models.noise import chain_stream
 from margrpo.paramfile import ParamsError
-from margrpo.rl import launch
-from margrpo.rl.distributed import World, check_shardable, map_batches, my_batches
-from margrpo.rl.plan import plan_tokens, speculative_steps_needed
-from margrpo.rl.trainer import Trainer
+from margrpo.ranks import launch
+from margrpo.ranks.distributed import World, check_shardable, map_batches, my_batches
+from margrpo.method.plan import plan_tokens, speculative_steps_needed
+from margrpo.training.trainer import Trainer
 from margrpo.world.grammar import VOCAB
 
 from conftest import randomize_head, tiny_params
@@ -115,7 +115,7 @@ def test_two_ranks_train_like_one_process(runs):
 NODE = """
 import json, sys
 from margrpo.config import parse_params
-from margrpo.rl.launch import start_ranks
+from margrpo.ranks.launch import start_ranks
 params = parse_params(json.loads(sys.argv[2]), "the launch test's params")
 sys.exit(start_ranks(params, "distributed_worker", [sys.argv[1], "nodes", "--train-only"]))
 """
@@ -184,7 +184,7 @@ def test_a_step_that_does_not_split_over_the_ranks_is_refused():
 STAGE_PROCESS = """
 import sys
 from margrpo import config
-import margrpo.rl.launch as launch
+import margrpo.ranks.launch as launch
 import pipeline.proc as proc
 load = config.load_params
 config.load_params = lambda path: load(path, OVERRIDES)

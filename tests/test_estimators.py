@@ -22,7 +22,7 @@ import torch
 
 from margrpo.models.chains import sample_chain
 from margrpo.models.samplers import DDPMSampler, FlowSDESampler, gaussian_log_prob
-from margrpo.rl.estimators import (
+from margrpo.method.estimators import (
     ESTIMATORS,
     chain_policy_terms,
     draw_chains,

@@ -12,7 +12,7 @@ import torch
 
 from margrpo.models import device as device_module
 from margrpo.models import loading
-from margrpo.rl.trainer import Trainer
+from margrpo.training.trainer import Trainer
 from margrpo.world.prompts import make_prompt_set
 
 import fake_cuda

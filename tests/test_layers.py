@@ -24,8 +24,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the embedded world: grammar, renderer, detector, evaluator, prompts, data, reward,
     # sampling and scoring a policy on its prompts
     ("world", ("margrpo.world",)),
-    # RL fine-tuning
-    ("training", ("margrpo.rl",)),
+    # process machinery: torchrun launch, ranks and their collectives
+    ("ranks", ("margrpo.ranks",)),
+    # the method's maths: advantages, token plan and selection, estimators, losses
+    ("method", ("margrpo.method",)),
+    # the training loop around it: trainer (collect, update), loop, step metrics, probes
+    ("training", ("margrpo.training",)),
     # MLflow bookkeeping and the generated report
     ("reporting", ("margrpo.tracking", "margrpo.report")),
     # the embedded study's wiring of trainer, world and evaluation (pipeline and scripts),

@@ -8,11 +8,11 @@ import torch
 from torch.distributions import Normal, kl_divergence
 
 from margrpo.models.samplers import DDPMSampler, FlowSDESampler, gaussian_log_prob
-from margrpo.rl.advantages import group_advantages, zero_std_fraction
-from margrpo.rl.gradprobe import group_halves, pair_stats, params_grad, two_estimates, variance_ratio
+from margrpo.method.advantages import group_advantages, zero_std_fraction
+from margrpo.training.gradprobe import group_halves, pair_stats, params_grad, two_estimates, variance_ratio
 from margrpo.models.samplers import gaussian_kl_same_std as gaussian_kl
-from margrpo.rl.losses import ppo_clipped_term, ratio_stats, token_terms, transition_sum
-from margrpo.rl.selection import (
+from margrpo.method.losses import ppo_clipped_term, ratio_stats, token_terms, transition_sum
+from margrpo.method.selection import (
     consistency_keep,
     loss_token_mask,
     topk_count,

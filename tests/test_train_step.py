@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from margrpo.models.chains import guided_output, shared_guided_output
-from margrpo.rl.plan import plan_tokens, uncertainty_chains_needed
-from margrpo.rl.trainer import NonFiniteError
+from margrpo.method.plan import plan_tokens, uncertainty_chains_needed
+from margrpo.training.trainer import NonFiniteError
 
 from test_trainer import make_trainer
 

@@ -11,10 +11,10 @@ import torch
 
 from margrpo.models.chains import gather_rows, sample_chain
 from margrpo.models.loading import new_model
-from margrpo.rl.gradprobe import flat_grad
-from margrpo.rl.loop import NonFiniteError, train
-from margrpo.rl.plan import plan_tokens, speculative_steps_needed
-from margrpo.rl.trainer import Batch, Trainer
+from margrpo.training.gradprobe import flat_grad
+from margrpo.training.loop import NonFiniteError, train
+from margrpo.method.plan import plan_tokens, speculative_steps_needed
+from margrpo.training.trainer import Batch, Trainer
 from margrpo.world.grammar import VOCAB
 from margrpo.world.prompts import make_prompt_set
 

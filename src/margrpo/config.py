@@ -132,7 +132,7 @@ class MethodConfig(Strict):
         if len(set(knobs)) != len(knobs):
             raise problem("reads", f"{list(self.reads)} names a knob twice",
                           f"name each of {', '.join(KNOBS)} at most once and fill the rest with {NO_KNOB}")
-        # the knobs the token plan (rl/plan.py) takes from a method of these settings
+        # the knobs the token plan (method/plan.py) takes from a method of these settings
         uses = {"k": self.topk, "num_trajectories": self.topk or self.estimator != "single", "tau": self.consistency}
         unread = [k for k in KNOBS if uses[k] and k not in knobs]
         if unread:
@@ -209,7 +209,7 @@ class EvaluateConfig(Strict):
 
 class RuntimeConfig(Strict):
     """Where and how the model computes (margrpo.models.device.place) and over how many
-    processes and machines (margrpo.rl.launch)."""
+    processes and machines (margrpo.ranks.launch)."""
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when PyTorch sees a GPU, else CPU")
     dtype: Literal["float32", "bfloat16"] = Field(

@@ -1,10 +1,10 @@
 """Study composition: the pieces the pipeline, the scripts and the tests build from params.
 
-The library's layers stay independent of one another (rl/ knows no world, the world knows
+The library's layers stay independent of one another (training/ knows no world, the world knows
 no trainer); this module, at the top, wires them for the embedded study:
 
 - `sample_and_score`: images of fixed per-image seeds, sampled and scored in batches shared
-  over the data-parallel ranks (rl/distributed.py), exact per-image scores gathered;
+  over the data-parallel ranks (ranks/distributed.py), exact per-image scores gathered;
 - `heldout_evaluator`: a callable policy -> held-out metrics by the evaluation judge
   (eval/geneval/<tag>, eval/geneval/overall, eval/t2i/..., eval/partial) and by the training
   reward's detector (eval/proxy/...), sampling fixed per-image seeds so that every call,
@@ -37,7 +37,7 @@ def sample_and_score(policy, metas: list[dict], seeds: torch.Tensor, batch_size:
     """
     from tqdm.auto import tqdm
 
-    from margrpo.rl.distributed import current, map_batches, my_batches
+    from margrpo.ranks.distributed import current, map_batches, my_batches
 
     world = current()
     per_prompt = seeds.shape[1]
@@ -81,10 +81,10 @@ def heldout_evaluator(params: Params, metas: list[dict], per_prompt: int, *, rep
 def train_run(params: Params, method: str, seed: int, out_dir: Path, *, train_prompts: list[dict],
               heldout_prompts: list[dict] | None = None, log=None, progress: bool = True,
               checkpoint: str | None = None) -> Path:
-    """Train one (method, seed) into out_dir (rl/loop.py), evaluating the GenEval-tag
+    """Train one (method, seed) into out_dir (training/loop.py), evaluating the GenEval-tag
     prompts of `heldout_prompts` during training. Returns out_dir/final."""
-    from margrpo.rl.loop import train
-    from margrpo.rl.trainer import Trainer
+    from margrpo.training.loop import train
+    from margrpo.training.trainer import Trainer
     from margrpo.world.judge import JudgedEvaluator
 
     # The judge watches every training batch (judge/correct beside the reward's own

@@ -249,7 +249,7 @@ class RolloutMixin:
         authors' loss reads them. At the steps in `extra_chain_steps`, `extra_chains` (M)
         more chains per committed token are drawn from the same latents on the noise streams
         chain_stream(UNCERTAINTY, 0..M-1) and kept on the step (ARStep.extra_chain): the
-        chains of rl/plan.py's uncertainty map, drawn here because they share the step's
+        chains of method/plan.py's uncertainty map, drawn here because they share the step's
         transformer pass and the head's conditioning; they never change the image."""
         b = len(prompts)
         seeds = resolve_seeds(seeds, b, generator)

@@ -165,7 +165,7 @@ class TinyMAR(RolloutMixin, ModelMixin, ConfigMixin):
         """Grey token value 0.4 (pixel 0.7) that the consistency filter centres tokens on
         (MARPolicy.consistency_reference): midway between the white background (+1) and the
         mean ink of object pixels, so blank vs blank scores +1 and a token about half or
-        more inked scores negative against blank (rl/selection.py content_cos).
+        more inked scores negative against blank (method/selection.py content_cos).
 
         Measured over 8x8x3 tokens, an object pixel being one with a channel below pixel 0.5
         (every world colour has one channel <= 0.15, the background none):

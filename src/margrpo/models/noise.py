@@ -29,7 +29,7 @@ exceeds that with probability 5e-10), the low half's 31 magnitude bits the angle
 [0, pi/2], the two sign bits the signs.
 
 The API is three functions: `chain_noise`, `token_order`, `draw_seeds`; a NOVA or Harmon
-adapter calls the same ones for its own rollout. rl/ draws its multi-trajectory chains from
+adapter calls the same ones for its own rollout. The method (method/estimators.py) draws its multi-trajectory chains from
 `chain_noise` on the streams of `chain_stream`, keyed by the same image seeds.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 
 # Streams: independent counters per purpose. New purposes take new numbers; never reuse one.
 COMMITTED, SPECULATIVE, ORDER = 0, 1, 2
-# Multi-trajectory purposes of rl/ (M extra head chains per token): the uncertainty map's
+# Multi-trajectory purposes of the method (M extra head chains per token): the uncertainty map's
 # chains, `resample`'s fresh chains and the forward-process chains of `elbo` / `posterior`.
 # Each (purpose, chain, draw) is a stream of its own (`chain_stream`).
 UNCERTAINTY, RESAMPLE, FORWARD = 3, 4, 5

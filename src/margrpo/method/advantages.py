@@ -1,7 +1,7 @@
 """Group-relative advantages for GRPO (method.md §2).
 
 A_b = (r_b - mean_g) / (std_g + eps) over the group g of image b. Groups are formed over
-the whole batch passed in: a data-parallel rank holds whole groups (rl/distributed.py),
+the whole batch passed in: a data-parallel rank holds whole groups (ranks/distributed.py),
 so its advantages are exactly those of the global batch (the authors' code normalises per
 GPU instead of per group; method.md §5 lists that as a defect).
 

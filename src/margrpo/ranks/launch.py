@@ -18,7 +18,7 @@ hosted by the torchrun on the endpoint's machine. Global rank 0 alone logs and w
 every rank reads and resumes from the same files, so every node must see the same workspace
 (a shared filesystem). One node uses torchrun's standalone rendezvous on a free local port.
 
-`python -m margrpo.rl.launch <torchrun arguments>`: torchrun, with a failed rank reported
+`python -m margrpo.ranks.launch <torchrun arguments>`: torchrun, with a failed rank reported
 in one line. The ranks have already printed their own error (pipeline/proc.py: one line
 plus Prefect's traceback on rank 0); torchrun's uncaught ChildFailedError would add a
 second traceback and a box of "<N/A>" fields. Exits with the first failed rank's status.
@@ -179,7 +179,7 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str], nnodes: int =
         # The run id names this stage: every node of it computes the same one.
         run_id = "-".join([module, *args]).replace("/", "_")
         where = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}"]
-    return [sys.executable, "-m", "margrpo.rl.launch", *where, f"--nproc-per-node={nproc}", "-m", module, *args]
+    return [sys.executable, "-m", "margrpo.ranks.launch", *where, f"--nproc-per-node={nproc}", "-m", module, *args]
 
 
 def start_ranks(params, module: str, args: Sequence[str]) -> int:

@@ -42,8 +42,8 @@ from margrpo.hostsync import read_all
 from margrpo.models.chains import gather_rows, sample_chains
 from margrpo.models.noise import UNCERTAINTY
 from margrpo.models.protocol import ARStep, MARPolicy, Rollout
-from margrpo.rl.estimators import ESTIMATOR_STREAMS, ChainDraw, ChainNoise, draw_chains, image_noise, policy_callables
-from margrpo.rl.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
+from margrpo.method.estimators import ESTIMATOR_STREAMS, ChainDraw, ChainNoise, draw_chains, image_noise, policy_callables
+from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, loss_token_mask, topk_mask, uncertainty_map)
 
 # Per-step consistency statistics (TokenPlan.stats), in the order `loss_tokens` computes

@@ -1,5 +1,5 @@
 """Data-parallel training and evaluation over torch.distributed ranks (torchrun, one node or
-several; margrpo/rl/launch.py starts them).
+several; margrpo/ranks/launch.py starts them).
 
 Every rank runs the same program from the same shared generators, so every rank draws the
 same global prompt list, image seeds and loss plan; `World.shard` then gives each rank a
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from margrpo.models.device import resolve_device
 # torch-free, so that a stage's launching process imports no torch (launch.py)
-from margrpo.rl.launch import check_shardable, under_torchrun
+from margrpo.ranks.launch import check_shardable, under_torchrun
 
 __all__ = ["World", "check_launch", "check_shardable", "current", "init", "map_batches", "my_batches", "shutdown"]
 

@@ -55,7 +55,7 @@ from margrpo.models.noise import FORWARD, RESAMPLE, chain_noise, chain_stream
 from margrpo.models.chains import chain_log_probs, sample_chains
 from margrpo.models.protocol import MARPolicy
 from margrpo.models.samplers import LOG_2PI, GaussianSampler
-from margrpo.rl.losses import ppo_clipped_term, ratio_stats
+from margrpo.method.losses import ppo_clipped_term, ratio_stats
 
 LogProbFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

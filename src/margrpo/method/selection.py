@@ -113,7 +113,7 @@ def consistency_keep(
     return (consistency_score(spec_i, final, rule, spec_prev, reference) > tau) | committed
 
 
-# Diagnostics of the filter (rl/plan.py logs them per AR step): kept fractions at these tau
+# Diagnostics of the filter (method/plan.py logs them per AR step): kept fractions at these tau
 # and these quantiles of the score over the step's speculative tokens.
 DIAG_TAUS = (-1.0, 0.0, 0.5)
 DIAG_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)

@@ -17,7 +17,7 @@ train.max_nonfinite_in_row skipped steps in a row. The run stops there, with the
 naming the newest checkpoint that exists, so from a finite base model a checkpoint, best/
 and final/ only ever hold finite weights.
 
-Data parallel (rl/distributed.py): every rank runs this loop (the training steps and the
+Data parallel (ranks/distributed.py): every rank runs this loop (the training steps and the
 held-out evaluation are collective); rank 0 alone logs and writes the files. A checkpoint
 holds only rank-independent state (weights, optimizer, scheduler, the shared generators),
 so a run resumes with another number of processes.
@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from margrpo.atomic import replace_dir, write_with
 from margrpo.checkfiles import check_torch_zip
 from margrpo.jsonl import read_jsonl, write_jsonl
-from margrpo.rl.trainer import NonFiniteError, Trainer
+from margrpo.training.trainer import NonFiniteError, Trainer
 
 Evaluate = Callable[[object], dict[str, float]]
 Log = Callable[[int, dict[str, float]], None]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from margrpo.hostsync import read_all
-from margrpo.rl.advantages import zero_std_fraction
-from margrpo.rl.distributed import World
-from margrpo.rl.plan import CONSISTENCY_KEYS
+from margrpo.method.advantages import zero_std_fraction
+from margrpo.ranks.distributed import World
+from margrpo.method.plan import CONSISTENCY_KEYS
 
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
 SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS

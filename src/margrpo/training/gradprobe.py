@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from margrpo.rl.plan import TokenPlan, plan_tokens
+from margrpo.method.plan import TokenPlan, plan_tokens
 
 
 def flat_grad(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -9,10 +9,10 @@ torch.Generators (prompt order, image seeds, loss-step subsets) whose states are
 checkpointed, or is keyed by an image seed (the rollout's noise and the multi-trajectory
 chains, models/noise.py), so a killed run resumed from its last checkpoint ends with the
 same weights as an uninterrupted one. The outer loop (evaluation, checkpoints) is
-rl/loop.py; the gradient probe is rl/gradprobe.py; what a step reports, read from the
-device in one host sync per group of statistics, rl/stepstats.py.
+training/loop.py; the gradient probe is training/gradprobe.py; what a step reports, read from the
+device in one host sync per group of statistics, training/stepstats.py.
 
-Data parallel (rl/distributed.py): every rank draws the same global batch and token plan
+Data parallel (ranks/distributed.py): every rank draws the same global batch and token plan
 from the shared generators and rolls out its block of whole groups; the loss is
 normalised by the global image count and the gradients are summed over ranks, so N
 processes step like one process with the same global batch. Tensors live on the policy's
@@ -22,7 +22,7 @@ Batch arithmetic per step: prompts_per_step prompts x group_size images = B roll
 loss covers loss_ar_steps AR steps (all of them by default) x loss_head_steps head
 transitions drawn from the loss_head_window noisiest ones, every token committed at those
 steps (plus filtered speculative tokens for the committed+speculative scope). A top-k
-method's uncertainty chains are drawn by the rollout (rl/plan.py), and the M chains of a
+method's uncertainty chains are drawn by the rollout (method/plan.py), and the M chains of a
 token share one head call per step in the loss (models/chains.py shared_guided_output).
 """
 from __future__ import annotations
@@ -39,14 +39,14 @@ from margrpo.config import Params, ResolvedMethod
 from margrpo.models.chains import chain_log_probs, gather_rows
 from margrpo.models.noise import draw_seeds
 from margrpo.models.protocol import MARPolicy, Rollout
-from margrpo.rl.advantages import group_advantages
-from margrpo.rl.distributed import World, check_shardable, current
-from margrpo.rl.estimators import chain_policy_terms
-from margrpo.rl.gradprobe import probe_gradients
-from margrpo.rl.losses import gaussian_kl, ppo_clipped_term, ratio_stats, token_terms, transition_sum
-from margrpo.rl.plan import TokenPlan, plan_tokens, speculative_steps_needed, uncertainty_chains_needed
+from margrpo.method.advantages import group_advantages
+from margrpo.ranks.distributed import World, check_shardable, current
+from margrpo.method.estimators import chain_policy_terms
+from margrpo.training.gradprobe import probe_gradients
+from margrpo.method.losses import gaussian_kl, ppo_clipped_term, ratio_stats, token_terms, transition_sum
+from margrpo.method.plan import TokenPlan, plan_tokens, speculative_steps_needed, uncertainty_chains_needed
 from margrpo.hostsync import read_all
-from margrpo.rl.stepstats import NORM_KEYS, batch_metrics, grad_norm
+from margrpo.training.stepstats import NORM_KEYS, batch_metrics, grad_norm
 
 GENERATORS = ("data", "rollout", "plan")
 
@@ -125,7 +125,7 @@ class Trainer:
         self.step = 0
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
-        self.best = {"step": -1, "score": -math.inf}  # best held-out score so far (rl/loop.py)
+        self.best = {"step": -1, "score": -math.inf}  # best held-out score so far (training/loop.py)
 
     @classmethod
     def from_params(cls, params: Params, method: str, seed: int, prompts: list[dict], *,
@@ -249,7 +249,7 @@ class Trainer:
         Non-finite guard: an epoch whose loss or gradient is not finite leaves the weights
         alone (its gradients are dropped and the step ends); max_nonfinite_in_row such steps
         in a row, or an update that makes the weights non-finite, raise NonFiniteError, so
-        the weights are finite whenever this returns (rl/loop.py writes them)."""
+        the weights are finite whenever this returns (training/loop.py writes them)."""
         t0, t = time.time(), self.tcfg
         self.last_batch = None  # the previous rollout goes before this one exists
         batch = self.collect()  # rollout -> reward -> group advantages -> token plan
