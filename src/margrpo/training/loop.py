@@ -154,6 +154,12 @@ def train(trainer: Trainer, out_dir: Path, *, evaluate: Evaluate | None = None, 
     return run.final
 
 
+def train_step(trainer: Trainer):
+    """One training step: (metrics, the step's Batch)."""
+    metrics = trainer.train_step()
+    return metrics, trainer.last_batch
+
+
 def save_selection_examples(trainer: Trainer, path: Path, n_images: int = 4) -> None:
     """Loss-token and top-k maps of the last batch's first images, for the report
     (methods with a multi-trajectory estimate only: the others select nothing)."""
