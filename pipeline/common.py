@@ -1,6 +1,6 @@
-"""Shared by the stage entry points: paths, params, the MLflow study, and the writers that
-replace committed outputs only when they are complete. The process itself (signals, lock,
-reaper, ranks, exit status) is pipeline/proc.py's.
+"""Shared by the stage entry points: paths, params, and the writers that replace committed
+outputs only when they are complete. The process itself (signals, lock, reaper, ranks, exit
+status) and the MLflow study whose runs end with it are pipeline/proc.py's.
 """
 from __future__ import annotations
 
@@ -45,28 +45,6 @@ def load():
 
 def exp_name() -> str:
     return os.environ.get("DVC_EXP_NAME") or "workspace"
-
-
-def open_study(params):
-    """The study's MLflow parent run (RUNNING while this stage runs); pipeline/proc.py ends
-    its runs with the stage's outcome. Rank 0 alone opens it."""
-    from margrpo.tracking.runs import (Study, artifact_root, git_revision, params_hash, study_id, study_name,
-                                       tracking_uri)
-
-    from pipeline import proc
-
-    root = tracking_root()
-    rev = git_revision(root)
-    text = PARAMS_FILE.read_text()
-    tags = {
-        "git.revision": rev,
-        "mlflow.source.git.commit": rev,
-        "dvc.exp_name": exp_name(),
-        "params.hash": params_hash(text),
-    }
-    uri = tracking_uri(root)
-    return proc.end_with_stage(Study(uri, study_id(root, text), params.model_dump(mode="json"), tags,
-                                     artifact_root(root), name=study_name(exp_name(), rev), watcher=proc.watch_runs(uri)))
 
 
 def trained_model_dir(method: str, seed: int) -> Path:

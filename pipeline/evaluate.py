@@ -81,7 +81,7 @@ def evaluate(target: str) -> None:
         params.method(target)  # a clear error for a target that is not a method
     study = run_id = None
     if proc.is_rank0():
-        study = common.open_study(params)
+        study = proc.open_study(params)
         run_id = study.child("evaluate", target)
         trained = common.REPORTS / "train" / target / "trained.json"
         if trained.exists():  # link the evaluation to the training runs it scores

@@ -25,7 +25,7 @@ def prepare_prompts() -> None:
     from margrpo.jsonl import write_jsonl
 
     params = common.load()
-    study = common.open_study(params)
+    study = proc.open_study(params)
     run_id = study.child("prepare_prompts")
     w = params.world
     splits = {

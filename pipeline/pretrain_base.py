@@ -44,7 +44,7 @@ def run_pretraining(params, study, run_id: str) -> tuple[object, list[dict]]:
 @proc.flow("pretrain_base")
 def pretrain_base() -> None:
     params = common.load()
-    study = common.open_study(params)
+    study = proc.open_study(params)
     run_id = study.child("pretrain_base")
     t0 = time.time()
     ema, rows = run_pretraining(params, study, run_id)

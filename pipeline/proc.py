@@ -237,6 +237,26 @@ def _unwinding(err: BaseException) -> bool:
 
 
 # ---- MLflow runs --------------------------------------------------------------------------
+def open_study(params):
+    """The study's MLflow parent run (RUNNING while this stage runs); `main` ends its runs
+    with the stage's outcome. Rank 0 alone opens it."""
+    from margrpo.tracking.runs import (Study, artifact_root, git_revision, params_hash, study_id, study_name,
+                                       tracking_uri)
+
+    root = common.tracking_root()
+    rev = git_revision(root)
+    text = common.PARAMS_FILE.read_text()
+    tags = {
+        "git.revision": rev,
+        "mlflow.source.git.commit": rev,
+        "dvc.exp_name": common.exp_name(),
+        "params.hash": params_hash(text),
+    }
+    uri = tracking_uri(root)
+    return end_with_stage(Study(uri, study_id(root, text), params.model_dump(mode="json"), tags, artifact_root(root),
+                                name=study_name(common.exp_name(), rev), watcher=watch_runs(uri)))
+
+
 def watch_runs(uri: str):
     """The watcher a Study tells each run it opens and closes: the reaper marks the runs
     still open KILLED if this process dies without closing them."""

@@ -44,7 +44,7 @@ def report() -> None:
     from margrpo.tracking.runs import headline_metrics
 
     params = common.load()
-    study = common.open_study(params)
+    study = proc.open_study(params)
     run_id = study.child("report")
     summary = write_report(params, provenance(study))
     for name in ("report.md", "report.html", "summary.json"):

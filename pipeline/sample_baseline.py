@@ -44,7 +44,7 @@ def sample_baseline() -> None:
     from margrpo.world.generate import image_seeds, prompt_grid, sample_images
 
     params = common.load()
-    study = common.open_study(params)
+    study = proc.open_study(params)
     run_id = study.child("sample_baseline", "base")
     metas = pick_prompts(read_jsonl(common.TRAIN_PROMPTS), PROMPTS_PER_PURPOSE)
     group = params.train.group_size

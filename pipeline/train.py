@@ -156,7 +156,7 @@ def train_method(method: str) -> None:
         print(f"train {method}: {len(t.seeds)} seed(s) x {t.steps} steps x {t.prompts_per_step} prompts "
               f"x {t.group_size} images = {t.steps * t.prompts_per_step * t.group_size} rollouts per seed; "
               f"method {params.method(method).model_dump()}")
-        study = common.open_study(params)
+        study = proc.open_study(params)
     ckpt_dirs, run_ids = {}, {}
     for seed in t.seeds:
         run_id = run_ids[seed] = study.child("train", method, seed) if study is not None else None
