@@ -45,8 +45,9 @@ def checkpoint_dir(params, method: str, seed: int) -> Path:
 
     resolved = params.method(method)
     # The method's step count, batch, LR schedule and probe interval are in "train"
-    # (train_for); paired_base only adds a measurement, so runs without it keep the keys they
-    # had before it existed. reads only picks the knob values, which are keyed (k, tau, num_trajectories).
+    # (train_for); paired_base only adds a measurement, so it enters the key only when set (a run
+    # without it has the key of a method block that does not name it). reads only picks the
+    # knob values, which are keyed (k, tau, num_trajectories).
     unkeyed = set(IN_TRAIN) | {"reads"} | (set() if resolved.paired_base else {"paired_base"})
     spec = {
         "method": resolved.model_dump(mode="json", exclude=unkeyed),

@@ -73,7 +73,7 @@ def pick_device(device: str | None = "auto") -> torch.device:
 
 
 def pick_dtype(device: torch.device, dtype: str | None = "auto") -> torch.dtype:
-    """bf16 on GPU (the issue's requirement), float32 on CPU unless asked otherwise."""
+    """bf16 on GPU (the reward backends' inference precision), float32 on CPU unless asked otherwise."""
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,

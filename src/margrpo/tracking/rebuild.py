@@ -4,7 +4,7 @@ no mlflow.db: it is not committed).
 Everything a stage logs to MLflow is also written to a git-tracked report file, so the runs
 can be recreated without rerunning anything: per-step training metrics from
 reports/train/<method>/seeds/seed<s>/history.jsonl, final-window means from
-reports/train/<method>/metrics.json, held-out scores from reports/eval/<target>/,
+reports/train/<method>/metrics.json, test-split scores from reports/eval/<target>/,
 the baseline and pretraining numbers, and the headline numbers from reports/summary.json.
 The study gets the experiment name "committed" and the tag margrpo.rebuilt = true; its id
 is derived from the git revision and params.yaml like a `dvc repro` study's, so a second

@@ -137,7 +137,7 @@ def _column(kind: str, key: str) -> str:
 
 def view_states(targets: list[str]) -> dict[str, dict]:
     """Saved runs-table views: studies (parent runs with each target's headline score and
-    each method's gain), evaluate (held-out scores per target), train (final-window means)."""
+    each method's gain), evaluate (test-split scores per target), train (final-window means)."""
     knobs = [_column("params", k) for k in ("k", "tau", "num_trajectories", "train.steps", "train.seeds")]
 
     def view(search: str, columns: list[str]) -> dict:
