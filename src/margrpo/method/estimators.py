@@ -52,10 +52,8 @@ import torch
 
 from margrpo.config import ESTIMATORS
 from margrpo.models.noise import FORWARD, RESAMPLE, chain_noise, chain_stream
-from margrpo.models.chains import chain_log_probs, sample_chains
-from margrpo.models.protocol import MARPolicy
+from margrpo.models.chains import ChainScorer
 from margrpo.models.samplers import LOG_2PI, GaussianSampler
-from margrpo.method.losses import ppo_clipped_term, ratio_stats
 
 LogProbFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -219,18 +217,18 @@ def draw_chains(
 
 
 def policy_callables(
-    policy: MARPolicy,
-    z_c: torch.Tensor,
-    z_u: torch.Tensor,
-    cfg_scale: float,
-    cfg_mode: str = "guided",
+    scorer: ChainScorer,
+    latents: Callable[[], tuple[torch.Tensor, torch.Tensor]],
     z_sample: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[LogProbFn, SampleFn]:
-    """(logp_fn, sample_fn) of a MARPolicy for the tokens of one AR step.
+    """(logp_fn, sample_fn) of a policy for the tokens of one AR step, through its scorer
+    (the policy, the rollout's guidance scale, the loss's guidance mode).
 
-    z_c, z_u: [B, n, C] latents of the scored tokens (the step-i latents gathered at the
-    token positions). z_sample: optional (z_c, z_u) [B, n, C] to DRAW resample chains from
-    (the authors draw from z_fin and score under z_i); default: the scoring latents.
+    latents() -> (z_c, z_u) [B, n, C]: the latents of the scored tokens (the step-i latents
+    gathered at the token positions), asked for only when a callable is called (a resample
+    draw that reuses recorded chains calls neither). z_sample: optional (z_c, z_u)
+    [B, n, C] to DRAW resample chains from (the authors draw from z_fin and score under
+    z_i); default: the scoring latents.
     The sampler draws with the guided mean, as at rollout. The M chains of a token share its
     latents (one head call per step for all of them, models/chains.py shared_guided_output).
     """
@@ -238,41 +236,14 @@ def policy_callables(
         return z.reshape(-1, z.shape[-1])[rows]  # [R, C]
 
     def logp_fn(states: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
-        steps = range(policy.sampler.num_steps) if steps is None else steps.tolist()
-        lp, _, _ = chain_log_probs(policy, rows_of(z_c, rows), rows_of(z_u, rows), states, steps, cfg_scale, cfg_mode)
+        steps = range(scorer.policy.sampler.num_steps) if steps is None else steps.tolist()
+        z_c, z_u = latents()
+        lp, _, _ = scorer.log_probs(rows_of(z_c, rows), rows_of(z_u, rows), states, steps)
         return lp
 
-    zs_c, zs_u = z_sample if z_sample is not None else (z_c, z_u)
-
     def sample_fn(noise: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        states, _ = sample_chains(policy, rows_of(zs_c, rows), rows_of(zs_u, rows), noise, cfg_scale)
+        zs_c, zs_u = z_sample if z_sample is not None else latents()
+        states, _ = scorer.sample(rows_of(zs_c, rows), rows_of(zs_u, rows), noise)
         return states
 
     return logp_fn, sample_fn
-
-
-def chain_policy_terms(
-    draw: ChainDraw,
-    logp_new: torch.Tensor,
-    adv: torch.Tensor,
-    clip_range: float,
-    n_tokens: int,
-    head_steps: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted PPO terms of the chains and how far the policy moved on them:
-    (terms [S, M, R], losses.ratio_stats of the chains' transitions).
-
-    logp_new: [S, M, R] current log-probs of draw.states at the head steps `head_steps`
-    (long [S]; default all T). adv: [B] image advantages; n_tokens: n, tokens per image of
-    this AR step, to map rows to images (row // n).
-    """
-    if draw.logp_steps is not None:
-        if head_steps is None or not torch.equal(head_steps, draw.logp_steps):
-            raise ValueError("this draw holds logp_old at its logp_steps only; score it at exactly those head steps")
-        old = draw.logp_old
-    else:
-        old = draw.logp_old if head_steps is None else draw.logp_old[head_steps]
-    a = adv[draw.rows // n_tokens].view(1, 1, -1)
-    terms = ppo_clipped_term(logp_new, old, a, clip_range, weight=draw.weights.unsqueeze(0))
-    return terms, ratio_stats(logp_new, old, clip_range)
-

@@ -1,15 +1,17 @@
 """The token plan of a rollout batch: what each loss AR step scores, fixed before the update.
 
 `plan_tokens` runs without grad at theta_old (method.md §2-§3) and returns one immutable
-`TokenPlan` per AR step in the loss:
+`TokenPlan` per AR step in the loss, built in four phases:
 
-1. the loss tokens of the step: the tokens it committed, plus, for the
+1. tokens (`loss_tokens`): the tokens the step committed, plus, for the
    `committed+speculative` scope, the still-masked tokens that pass the consistency filter;
-2. for the multi-trajectory estimators, the tokens that get the estimate (all candidates,
-   or the top-k by the uncertainty of M fresh head chains) and their chains, weights and
-   old log-probs (estimators.draw_chains). Every draw is per image (estimators.image_noise,
-   keyed by the rollout's seeds), so a token's chains do not depend on the batch or rank it
-   is in; `draw` picks independent repeats.
+2. top-k (multi-trajectory estimators with `topk`): the candidates ranked by the
+   uncertainty of M fresh head chains, the top fraction k selected;
+3. chains: for the selected tokens (all candidates without top-k), their M chains, weights
+   and old log-probs (estimators.draw_chains). Every draw is per image
+   (estimators.image_noise, keyed by the rollout's seeds), so a token's chains do not depend
+   on the batch or rank it is in; `draw` picks independent repeats;
+4. one host read: every statistic of the plan (TokenPlan.stats).
 
 Cost: when the candidates are committed tokens (`uncertainty_chains_needed`), the rollout
 draws the M uncertainty chains beside its own (models/chains.py: they share the step's
@@ -32,6 +34,7 @@ recomputes their log-probs bit for bit and the first-pass ratio is exactly 1.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
@@ -39,12 +42,12 @@ import torch
 
 from margrpo.config import ResolvedMethod
 from margrpo.hostsync import read_all
-from margrpo.models.chains import gather_rows, sample_chains
+from margrpo.models.chains import ChainScorer, gather_rows
 from margrpo.models.noise import UNCERTAINTY
-from margrpo.models.protocol import ARStep, MARPolicy, Rollout
+from margrpo.models.protocol import Rollout
 from margrpo.method.estimators import ESTIMATOR_STREAMS, ChainDraw, ChainNoise, draw_chains, image_noise, policy_callables
 from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
-                                  consistency_score, loss_token_mask, topk_mask, uncertainty_map)
+                                  consistency_score, loss_token_mask, uncertainty_topk)
 
 # Per-step consistency statistics (TokenPlan.stats), in the order `loss_tokens` computes
 # them: the fraction of the step's speculative tokens the filter keeps at the method's tau
@@ -65,34 +68,20 @@ class Block(NamedTuple):
     logp: torch.Tensor  # [T, B, g] float32 transition log-probs at rollout (theta_old)
 
 
-class LossTokens(NamedTuple):
-    """The loss tokens of one AR step (`loss_tokens`)."""
-
-    blocks: tuple[Block, ...]  # committed, then speculative (committed+speculative scope)
-    mask: torch.Tensor  # [B, L] bool loss tokens of the layout
-    stat_values: torch.Tensor | None  # [len(CONSISTENCY_KEYS)] on the device (with the consistency filter)
-
-    @property
-    def positions(self) -> torch.Tensor:
-        """[B, L] long token positions of the layout."""
-        return torch.cat([b.idx for b in self.blocks], dim=1)
-
-    @property
-    def stats(self) -> dict[str, float]:
-        """CONSISTENCY_KEYS -> value (one host read; plan_tokens reads every step's at once)."""
-        return {} if self.stat_values is None else dict(zip(CONSISTENCY_KEYS, self.stat_values.tolist()))
-
-
 @dataclass(frozen=True, eq=False)
 class TokenPlan:
-    """What AR step `index` contributes to the loss; built complete by `plan_tokens`."""
+    """What AR step `index` contributes to the loss. Phase 1 (`loss_tokens`) fixes the
+    tokens; `plan_tokens` adds the chains (phase 3) and the statistics read from the device
+    (phase 4) with dataclasses.replace."""
 
     index: int
     head_steps: torch.Tensor  # [S] long, the head transitions scored
     blocks: tuple[Block, ...]  # committed, then speculative: the layout's L columns
     mask: torch.Tensor  # [B, L] bool loss tokens
-    draw: ChainDraw | None  # M chains of the tokens that get the multi-trajectory estimate
-    stats: Mapping[str, float]  # select/* and diag/uncertainty_mean of this step
+    draw: ChainDraw | None = None  # M chains of the tokens that get the multi-trajectory estimate
+    # [len(CONSISTENCY_KEYS)] on the device (consistency filter only), read into `stats`
+    stat_values: torch.Tensor | None = None
+    stats: Mapping[str, float] = dataclasses.field(default_factory=dict)  # select/*, diag/uncertainty_mean
 
     @property
     def n_committed(self) -> int:
@@ -112,6 +101,13 @@ class TokenPlan:
         chosen = torch.zeros(self.mask.numel(), dtype=torch.bool, device=self.mask.device)
         return self.mask & ~chosen.index_fill_(0, self.draw.rows, True).view_as(self.mask)
 
+    @property
+    def committed_mask(self) -> torch.Tensor:
+        """[B, L] bool: the loss tokens without the speculative columns."""
+        mask = self.mask.clone()
+        mask[:, self.n_committed:] = False
+        return mask
+
 
 def speculative_steps_needed(method: ResolvedMethod, ar_steps: list[int]) -> list[int]:
     """AR steps whose speculative predictions the rollout must record."""
@@ -123,9 +119,23 @@ def speculative_steps_needed(method: ResolvedMethod, ar_steps: list[int]) -> lis
     return sorted(need)
 
 
-def loss_tokens(rollout: Rollout, i: int, method: ResolvedMethod, reference: float = 0.0) -> LossTokens:
-    """Loss tokens of AR step i (committed, plus filtered speculative ones). reference: the
-    policy's consistency_reference, the token value the consistency score is centred on."""
+def uncertainty_chains_needed(method: ResolvedMethod, ar_steps: list[int]) -> tuple[int, list[int]]:
+    """(M, AR steps): the uncertainty chains the rollout draws beside its own chains
+    (RolloutMixin.rollout extra_chains, extra_chain_steps), for a top-k method whose
+    candidates are committed tokens; (0, []) for every other method (plan_tokens then draws
+    any chains it needs itself)."""
+    if not method.topk or method.estimator == "single" or method.num_trajectories < 2:
+        return 0, []
+    if method.token_scope != "committed" and method.mte_scope != "committed":
+        return 0, []
+    return method.num_trajectories, list(ar_steps)
+
+
+def loss_tokens(rollout: Rollout, i: int, head_steps: torch.Tensor, method: ResolvedMethod,
+                reference: float = 0.0) -> TokenPlan:
+    """Phase 1: the loss tokens of AR step i (committed, plus filtered speculative ones), as a
+    TokenPlan without chains. reference: the policy's consistency_reference, the token value
+    the consistency score is centred on."""
     st = rollout.steps[i]
     blocks = [Block(st.commit_idx, st.chain, st.logp)]
     b, n_tok = rollout.tokens.shape[:2]
@@ -147,181 +157,148 @@ def loss_tokens(rollout: Rollout, i: int, method: ResolvedMethod, reference: flo
         blocks.append(Block(st.spec_idx, st.spec_chain, st.spec_logp))
     full = loss_token_mask(committed, keep, method.token_scope, st.known)
     positions = torch.cat([blk.idx for blk in blocks], dim=1)  # [B, L]
-    return LossTokens(tuple(blocks), torch.gather(full, 1, positions), stat_values)
-
-
-def uncertainty_chains_needed(method: ResolvedMethod, ar_steps: list[int]) -> tuple[int, list[int]]:
-    """(M, AR steps): the uncertainty chains the rollout draws beside its own chains
-    (RolloutMixin.rollout extra_chains, extra_chain_steps), for a top-k method whose
-    candidates are committed tokens; (0, []) for every other method (plan_tokens then draws
-    any chains it needs itself)."""
-    if not method.topk or method.estimator == "single" or method.num_trajectories < 2:
-        return 0, []
-    if method.token_scope != "committed" and method.mte_scope != "committed":
-        return 0, []
-    return method.num_trajectories, list(ar_steps)
+    return TokenPlan(i, head_steps, tuple(blocks), torch.gather(full, 1, positions), stat_values=stat_values)
 
 
 class _Chains(NamedTuple):
-    """The uncertainty map of one AR step and the chains behind it: the chains of layout
-    token r (a candidate) are states[:, :, src[r]]."""
+    """The M uncertainty chains of one AR step's candidates: the chains of layout token r
+    are states[:, :, src[r]]."""
 
-    unc: torch.Tensor  # [B, L] uncertainty (0 outside the candidates)
-    states: torch.Tensor | None  # [T+1, M, X, D]
+    states: torch.Tensor | None  # [T+1, M, X, D]; None when there are none (no candidate, M < 2)
     logps: torch.Tensor | None  # [T, M, X] transition log-probs under the guided sampling policy
-    src: torch.Tensor | None  # [B * L] long
+    src: torch.Tensor  # [B * L] long
+
+    @property
+    def final(self) -> torch.Tensor | None:
+        """[M, X, D] the chains' final tokens."""
+        return None if self.states is None else self.states[-1]
 
 
-def _uncertainty(policy: MARPolicy, zc, zu, mask, m: int, cfg: float, noise: ChainNoise) -> _Chains:
-    """Variance of M fresh chains' final tokens per token in `mask` [B, L] (chains from
-    `noise`, drawn here: one head call per step for the M chains, models/chains.py
-    sample_chains); states [T+1, M, R, D] of the R = mask.sum() tokens in row-major order."""
-    b, n = mask.shape
-    flat = mask.reshape(-1)
+class _Latents:
+    """[B, L, C] latents (cond, null) of each loss step's layout, encoded on first use: the
+    plan re-encodes a step only for what needs it (chains drawn here, or estimator log-probs
+    not recorded at rollout)."""
+
+    def __init__(self, policy, rollout: Rollout, plans: list[TokenPlan]):
+        self.policy, self.rollout, self.plans, self.cache = policy, rollout, plans, {}
+
+    def __call__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if k not in self.cache:
+            plan = self.plans[k]
+            z_c, z_u = self.policy.encode(self.rollout, plan.index)
+            self.cache[k] = (gather_rows(z_c, plan.positions), gather_rows(z_u, plan.positions))
+        return self.cache[k]
+
+
+def _uncertainty_chains(scorer: ChainScorer, rollout: Rollout, plan: TokenPlan, cand: torch.Tensor, m: int,
+                        draw: int, committed_only: bool, latents) -> _Chains:
+    """The M uncertainty chains of the candidates `cand` [B, L] of one AR step: those the
+    rollout drew for the step's committed tokens (ARStep.extra_chain: the same streams and
+    latents, read without an index from the device) when the candidates are committed
+    tokens (`committed_only`) and the draw is 0, else M fresh chains
+    from the step's latents (`latents()` -> (z_c, z_u) [B, L, C]), one head call per step
+    for the M chains (models/chains.py sample_chains)."""
+    st = rollout.steps[plan.index]
+    b, n = cand.shape
+    if draw == 0 and committed_only and st.extra_chain is not None and st.extra_chain.shape[1] == m:
+        t1, _, _, n_c, d = st.extra_chain.shape
+        r = torch.arange(b * n, device=cand.device)
+        src = r // n * n_c + r % n  # layout row -> row of the committed tokens
+        return _Chains(st.extra_chain.reshape(t1, m, -1, d), st.extra_logp.reshape(t1 - 1, m, -1), src)
+    flat = cand.reshape(-1)
     rows = flat.nonzero().squeeze(-1)
-    out = torch.zeros(b * n, device=mask.device)
-    states = logps = None
-    if rows.numel() and m > 1:
-        eps = noise(policy.sampler.num_steps + 1, m, rows, policy.token_dim)  # [T+1, M, R, D]
-        states, logps = sample_chains(policy, zc.reshape(b * n, -1)[rows], zu.reshape(b * n, -1)[rows], eps, cfg)
-        out[rows] = uncertainty_map(states[-1].unsqueeze(1)).squeeze(0)
-    return _Chains(out.reshape(b, n), states, logps, flat.long().cumsum(0) - 1)
-
-
-def _rollout_uncertainty(step: ARStep, mask: torch.Tensor) -> _Chains:
-    """`_uncertainty` from the chains the rollout drew for the step's committed tokens
-    (ARStep.extra_chain: the same streams and latents); mask [B, L] selects only committed
-    columns (the first n_i). Computed for every committed token and masked, so that no
-    index is read from the device."""
-    b, n = mask.shape
-    t1, m, _, n_c, d = step.extra_chain.shape
-    states = step.extra_chain.reshape(t1, m, -1, d)  # [T+1, M, B * n_i, D]
-    unc = torch.zeros(b, n, device=mask.device)
-    unc[:, :n_c] = uncertainty_map(states[-1].unsqueeze(1)).view(b, n_c)
-    r = torch.arange(b * n, device=mask.device)
-    src = r // n * n_c + r % n  # layout row -> row of the committed tokens
-    return _Chains(torch.where(mask, unc, 0.0), states, step.extra_logp.reshape(t1 - 1, m, -1), src)
-
-
-def _topk(uncs: list[torch.Tensor], cands: list[torch.Tensor], k: float, pool: str) -> list[torch.Tensor]:
-    """Selected tokens per AR step: top ceil(k n) by uncertainty per image, ranked within
-    each step ("ar_step") or over all the image's loss steps at once ("image")."""
-    if pool == "ar_step":
-        return [topk_mask(u, k, candidates=c) for u, c in zip(uncs, cands)]
-    widths = [u.shape[1] for u in uncs]
-    sel = topk_mask(torch.cat(uncs, dim=1), k, candidates=torch.cat(cands, dim=1))
-    return list(torch.split(sel, widths, dim=1))
+    src = flat.long().cumsum(0) - 1  # layout row -> row among the candidates
+    if not rows.numel() or m < 2:
+        return _Chains(None, None, src)
+    policy = scorer.policy
+    eps = image_noise(rollout.seeds, plan.index, plan.positions, UNCERTAINTY, draw)(
+        policy.sampler.num_steps + 1, m, rows, policy.token_dim)  # [T+1, M, R, D]
+    zc, zu = latents()
+    states, logps = scorer.sample(zc.reshape(b * n, -1)[rows], zu.reshape(b * n, -1)[rows], eps)
+    return _Chains(states, logps, src)
 
 
 @torch.no_grad()
 def plan_tokens(
-    policy: MARPolicy,
+    scorer: ChainScorer,
     rollout: Rollout,
     ar_steps: list[int],
     head_steps: list[torch.Tensor],
     method: ResolvedMethod,
-    cfg_mode: str,
     draw: int = 0,
 ) -> list[TokenPlan]:
-    """The token plan of every loss AR step (module docstring). head_steps: [S] long per AR
-    step. draw: which independent repeat of the multi-trajectory chains (0 for training; the
-    gradient probe compares draw 0 with draw 1).
+    """The token plan of every loss AR step, in the module docstring's four phases.
+    scorer: the policy at theta_old and how the loss scores its chains; head_steps: [S]
+    long per AR step; draw: which independent repeat of the multi-trajectory chains (0 for
+    training; the gradient probe compares draw 0 with draw 1)."""
+    policy = scorer.policy
+    # 1. tokens
+    plans = [loss_tokens(rollout, i, hs, method, policy.consistency_reference) for i, hs in zip(ar_steps, head_steps)]
+    draws, topk = [None] * len(plans), None
+    if method.estimator != "single":
+        latents = _Latents(policy, rollout, plans)
+        # Candidates for the multi-trajectory estimate: all loss tokens, or only the ones
+        # committed at their step (mte_scope "committed", the paper's tokens).
+        cands = [p.committed_mask if method.mte_scope == "committed" else p.mask.clone() for p in plans]
+        m = method.num_trajectories
+        # 2. top-k
+        selected, found = cands, [None] * len(plans)
+        if method.topk:
+            committed_only = method.token_scope == "committed" or method.mte_scope == "committed"
+            found = [_uncertainty_chains(scorer, rollout, p, c, m, draw, committed_only, lambda k=k: latents(k))
+                     for k, (p, c) in enumerate(zip(plans, cands))]
+            uncs, selected = uncertainty_topk([f.final for f in found], [f.src for f in found], cands, method.k,
+                                              method.topk_pool)
+            topk = (cands, selected, uncs)
+        # 3. chains
+        draws = []
+        for k, (p, sel, f) in enumerate(zip(plans, selected, found)):
+            rows = sel.reshape(-1).nonzero().squeeze(-1)  # [R] the step's selected tokens
+            reuse, reuse_logp = None, None
+            if method.estimator == "resample" and f is not None and f.states is not None:
+                # The uncertainty chains are M fresh chains from the same z, exactly what
+                # `resample` draws: reuse those of the selected tokens (as the authors do), and
+                # their sampling log-probs as logp_old when the loss scores the same guided
+                # transitions, as the rollout chain does.
+                reuse = f.states[:, :, f.src[rows]]
+                reuse_logp = f.logps[:, :, f.src[rows]] if scorer.scores_sampling_policy else None
+            logp_fn, sample_fn = policy_callables(scorer, lambda k=k: latents(k))
+            draws.append(draw_chains(
+                method.estimator, sampler=policy.sampler, logp_fn=logp_fn,
+                chain=torch.cat([blk.chain for blk in p.blocks], dim=2),  # [T+1, B, L, D]
+                logp=torch.cat([blk.logp for blk in p.blocks], dim=2),  # [T, B, L]
+                mask=sel, rows=rows, num_chains=m, sample_fn=sample_fn,
+                noise=image_noise(rollout.seeds, p.index, p.positions, ESTIMATOR_STREAMS[method.estimator], draw),
+                states=reuse, states_logp=reuse_logp, logp_steps=p.head_steps, keep_rollout=True,
+            ))
+    # 4. one host read
+    return _read_stats(plans, draws, topk)
 
-    The uncertainty chains of draw 0 come from the rollout when it drew them
-    (uncertainty_chains_needed); the step's latents are recomputed only for what needs them
-    (chains drawn here, or estimator log-probs not recorded at rollout)."""
-    steps = [loss_tokens(rollout, i, method, policy.consistency_reference) for i in ar_steps]
-    if method.estimator == "single":
-        cons = _consistency_stats(steps, read_all({"cons": [t.stat_values for t in steps if t.stat_values is not None]}))
-        return [TokenPlan(i, hs, t.blocks, t.mask, None, st) for i, hs, t, st in zip(ar_steps, head_steps, steps, cons)]
-    positions = [t.positions for t in steps]
-    # Candidates for the multi-trajectory estimate: all loss tokens, or only the ones
-    # committed at their step (mte_scope "committed", the paper's tokens).
-    cands = []
-    for t in steps:
-        c = t.mask.clone()
-        if method.mte_scope == "committed":
-            c[:, t.blocks[0].idx.shape[1]:] = False
-        cands.append(c)
-    latents: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def z_of(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, L, C] latents (cond, null) of loss step k's layout, encoded on first use."""
-        if k not in latents:
-            z_c, z_u = policy.encode(rollout, ar_steps[k])
-            latents[k] = (gather_rows(z_c, positions[k]), gather_rows(z_u, positions[k]))
-        return latents[k]
-
-    m = method.num_trajectories
-    committed_only = method.token_scope == "committed" or method.mte_scope == "committed"
-    selected, found = cands, [None] * len(steps)
-    if method.topk:
-        found = []
-        for k, (i, pos, c) in enumerate(zip(ar_steps, positions, cands)):
-            st = rollout.steps[i]
-            if draw == 0 and committed_only and st.extra_chain is not None and st.extra_chain.shape[1] == m:
-                found.append(_rollout_uncertainty(st, c))
-            else:
-                found.append(_uncertainty(policy, *z_of(k), c, m, rollout.cfg_scale,
-                                          image_noise(rollout.seeds, i, pos, UNCERTAINTY, draw)))
-        uncs = [f.unc for f in found]
-        selected = _topk(uncs, cands, method.k, method.topk_pool)
-    draws = []
-    per_step = zip(ar_steps, head_steps, steps, positions, selected, found)
-    for k, (i, hs, t, pos, sel, f) in enumerate(per_step):
-        rows = sel.reshape(-1).nonzero().squeeze(-1)  # [R] the step's selected tokens
-        reuse, reuse_logp = None, None
-        if method.estimator == "resample" and f is not None and f.states is not None:
-            # The uncertainty chains are M fresh chains from the same z, exactly what
-            # `resample` draws: reuse those of the selected tokens (as the authors do), and
-            # their sampling log-probs as logp_old when the loss scores the same guided
-            # transitions (any cfg_mode but "cond"), as the rollout chain does.
-            reuse = f.states[:, :, f.src[rows]]
-            reuse_logp = f.logps[:, :, f.src[rows]] if cfg_mode != "cond" else None
-        logp_fn, sample_fn = _lazy_callables(policy, lambda k=k: z_of(k), rollout.cfg_scale, cfg_mode)
-        draws.append(draw_chains(
-            method.estimator, sampler=policy.sampler, logp_fn=logp_fn,
-            chain=torch.cat([blk.chain for blk in t.blocks], dim=2),  # [T+1, B, L, D]
-            logp=torch.cat([blk.logp for blk in t.blocks], dim=2),  # [T, B, L]
-            mask=sel, rows=rows, num_chains=m, sample_fn=sample_fn,
-            noise=image_noise(rollout.seeds, i, pos, ESTIMATOR_STREAMS[method.estimator], draw),
-            states=reuse, states_logp=reuse_logp, logp_steps=hs, keep_rollout=True,
-        ))
-    # The plan's statistics in one host read: candidate and selected counts, the uncertainty
-    # sums (per step, float32, the map being 0 outside the candidates) and the median
-    # effective sample size of every step that has chains.
-    with_chains = [d for d in draws if d.ess.numel()]
+def _read_stats(plans: list[TokenPlan], draws: list[ChainDraw | None],
+                topk: tuple[list, list, list] | None = None) -> list[TokenPlan]:
+    """Phase 4: the plans with their chains and statistics, read from the device at once:
+    the consistency statistics, the median effective sample size of every step that has
+    chains and, with top-k (candidate masks, selected masks, uncertainty maps per step), the
+    candidate and selected counts and the uncertainty sums (float32; the map is 0 outside
+    the candidates)."""
+    with_chains = [d for d in draws if d is not None and d.ess.numel()]
     groups = {"ess": [d.ess.median() for d in with_chains],
-              "cons": [t.stat_values for t in steps if t.stat_values is not None]}
-    if method.topk:
-        groups |= {"cand": [c.sum() for c in cands], "sel": [x.sum() for x in selected],
-                   "unc": [f.unc.sum() for f in found]}
+              "cons": [p.stat_values for p in plans if p.stat_values is not None]}
+    if topk is not None:
+        cands, selected, uncs = topk
+        groups |= {"cand": [c.sum() for c in cands], "sel": [x.sum() for x in selected], "unc": [u.sum() for u in uncs]}
     read = read_all(groups)
     extra = {}
-    if method.topk:
+    if topk is not None:
         n_cand, n_sel = int(sum(read["cand"])), int(sum(read["sel"]))
         extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(read["unc"]) / max(1, n_cand)}
     medians = dict(zip(map(id, with_chains), read["ess"]))
-    plans = []
-    for i, hs, t, d, cons in zip(ar_steps, head_steps, steps, draws, _consistency_stats(steps, read)):
-        ess = {"select/ess": medians[id(d)]} if id(d) in medians else {}
-        plans.append(TokenPlan(i, hs, t.blocks, t.mask, d, {**cons, **extra, **ess}))
-    return plans
-
-
-def _consistency_stats(steps: list[LossTokens], read: dict[str, list]) -> list[dict[str, float]]:
-    """Per step, CONSISTENCY_KEYS -> value from read["cons"] (the steps that have them, in order)."""
-    values = iter(read["cons"])
-    return [dict(zip(CONSISTENCY_KEYS, next(values))) if t.stat_values is not None else {} for t in steps]
-
-
-def _lazy_callables(policy: MARPolicy, latents, cfg_scale: float, cfg_mode: str):
-    """estimators.policy_callables on the latents () -> (z_c, z_u), computed only if a
-    callable is called (a resample draw that reuses recorded chains calls neither)."""
-    def logp_fn(*args):
-        return policy_callables(policy, *latents(), cfg_scale, cfg_mode)[0](*args)
-
-    def sample_fn(*args):
-        return policy_callables(policy, *latents(), cfg_scale, cfg_mode)[1](*args)
-
-    return logp_fn, sample_fn
+    cons = iter(read["cons"])
+    out = []
+    for p, d in zip(plans, draws):
+        stats = dict(zip(CONSISTENCY_KEYS, next(cons))) if p.stat_values is not None else {}
+        if d is not None:
+            stats |= extra | ({"select/ess": medians[id(d)]} if id(d) in medians else {})
+        out.append(dataclasses.replace(p, draw=d, stats=stats))
+    return out

@@ -22,6 +22,31 @@ def uncertainty_map(final_tokens: torch.Tensor) -> torch.Tensor:
     return final_tokens.float().var(dim=0, correction=0).mean(-1)
 
 
+def uncertainty_topk(finals: list[torch.Tensor | None], sources: list[torch.Tensor], candidates: list[torch.Tensor],
+                     k: float, pool: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Top-k selection of the loss AR steps by the uncertainty of M head chains per token:
+    (uncertainty maps [B, L] per step, 0 outside the candidates; selected [B, L] per step).
+
+    finals: per step the chains' final tokens [M, X, D] (None: no chains, uncertainty 0);
+    sources: per step [B * L] long, the row of `finals` that holds layout token r (read only
+    where it is a candidate); candidates: per step [B, L] bool. pool "ar_step" ranks within
+    each step (ceil(k n_i) per image and step); "image" ranks each image's candidates over
+    all its loss steps at once (ceil(k n) per image), as the authors' code does."""
+    uncs = []
+    for final, src, cand in zip(finals, sources, candidates):
+        if final is None:
+            uncs.append(torch.zeros(cand.shape, device=cand.device))
+            continue
+        u = uncertainty_map(final.unsqueeze(1)).squeeze(0)  # [X]
+        flat = torch.where(cand.reshape(-1), u[src.clamp(0, u.numel() - 1)], 0.0)
+        uncs.append(flat.view(cand.shape))
+    if pool == "ar_step":
+        return uncs, [topk_mask(u, k, candidates=c) for u, c in zip(uncs, candidates)]
+    widths = [u.shape[1] for u in uncs]
+    sel = topk_mask(torch.cat(uncs, dim=1), k, candidates=torch.cat(candidates, dim=1))
+    return uncs, list(torch.split(sel, widths, dim=1))
+
+
 def topk_count(k: float, n: int) -> int:
     """ceil(k * n), robust to float noise (k = 0.3, n = 10 gives 3, not 4)."""
     if not 0.0 <= k <= 1.0:

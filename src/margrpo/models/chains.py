@@ -199,6 +199,36 @@ def chain_log_probs(
     return torch.stack(logps), torch.stack(means), torch.stack(stds)
 
 
+class ChainScorer:
+    """How the loss scores and draws head chains of one policy: the policy, the guidance scale
+    its rollout sampled with, and the loss's guidance mode (CFG_MODES; params' train.cfg_mode).
+    Built once per batch, so that nothing below the trainer carries the scale or the mode.
+
+    z_c, z_u: [*rows, C] latents of the scored tokens; states [T+1, *rows, D], or
+    [T+1, K, *rows, D] for K chains per row that share its latents."""
+
+    def __init__(self, policy: MARPolicy, cfg_scale: float, cfg_mode: str = "guided"):
+        if cfg_mode not in CFG_MODES:
+            raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
+        self.policy, self.cfg_scale, self.cfg_mode = policy, cfg_scale, cfg_mode
+
+    @property
+    def scores_sampling_policy(self) -> bool:
+        """True when the loss scores the guided transitions the sampler drew from (any mode
+        but "cond"): log-probs recorded at sampling then serve as logp_old."""
+        return self.cfg_mode != "cond"
+
+    def log_probs(self, z_c: torch.Tensor, z_u: torch.Tensor, states: torch.Tensor,
+                  head_steps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logp [S, *rows], mean [S, *rows, D], std [S, *rows]) at `head_steps` (chain_log_probs)."""
+        return chain_log_probs(self.policy, z_c, z_u, states, head_steps, self.cfg_scale, self.cfg_mode)
+
+    def sample(self, z_c: torch.Tensor, z_u: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K chains per row drawn with the guided mean, as at rollout (sample_chains):
+        noise [T+1, K, *rows, D] -> (states [T+1, K, *rows, D], logp [T, K, *rows])."""
+        return sample_chains(self.policy, z_c, z_u, noise, self.cfg_scale)
+
+
 def gather_rows(z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """z: [B, N, C], idx: [B, n] -> [B, n, C]."""
     return torch.gather(z, 1, idx.unsqueeze(-1).expand(-1, -1, z.shape[-1]))

@@ -115,7 +115,7 @@ def two_estimates(
 def probe_gradients(trainer, batch) -> dict[str, float]:
     """Gradient signal-to-noise of the transformer on one training batch before its update.
 
-    trainer: a rl.trainer.Trainer; batch: its Batch. Every gradient is trainer.compute_grads
+    trainer: a training.trainer.Trainer; batch: its Batch, collected and not yet updated on. Every gradient is trainer.compute_grads
     on the same rollout (collective over ranks); variant plans come from plan_tokens, whose
     draws are keyed by the image seeds, so no generator moves, and .grad is emptied at the
     end: the update that follows is the one without the probe.
@@ -129,7 +129,7 @@ def probe_gradients(trainer, batch) -> dict[str, float]:
       tokens alone; probe/snr_unfiltered (with the consistency filter): with every
       speculative token. The same rollouts, so the three differ only in the loss tokens.
     """
-    method, cfg_mode, ar = trainer.method, trainer.tcfg.cfg_mode, trainer.ar_params
+    method, ar, scorer = trainer.method, trainer.ar_params, trainer.scorer(batch.rollout)
     half = group_halves(batch.groups, trainer.tcfg.prompts_per_step)  # halves of the global groups
     ar_steps, head_steps = [p.index for p in batch.plans], [p.head_steps for p in batch.plans]
 
@@ -140,7 +140,7 @@ def probe_gradients(trainer, batch) -> dict[str, float]:
         return [torch.zeros_like(p) if p.grad is None else p.grad for p in ar]
 
     def replan(variant, draw: int = 0) -> list[TokenPlan]:
-        return plan_tokens(trainer.policy, batch.rollout, ar_steps, head_steps, variant, cfg_mode, draw=draw)
+        return plan_tokens(scorer, batch.rollout, ar_steps, head_steps, variant, draw=draw)
 
     halves = pair_stats(grad_of(half), grad_of(~half))
     out = {"probe/snr": halves["snr"], "probe/cos_groups": halves["cosine"],
@@ -151,17 +151,10 @@ def probe_gradients(trainer, batch) -> dict[str, float]:
         sp = replan(method.model_copy(update={"estimator": "single", "topk": False}))
         out["probe/var_ratio_vs_single"] = variance_ratio(halves, pair_stats(grad_of(half, sp), grad_of(~half, sp)))
     if method.token_scope == "committed+speculative":
-        variants = {"probe/snr_committed": [dataclasses.replace(p, mask=_committed_only(p)) for p in batch.plans]}
+        variants = {"probe/snr_committed": [dataclasses.replace(p, mask=p.committed_mask) for p in batch.plans]}
         if method.consistency:
             variants["probe/snr_unfiltered"] = replan(method.model_copy(update={"consistency": False}))
         for key, plans in variants.items():
             out[key] = pair_stats(grad_of(half, plans), grad_of(~half, plans))["snr"]
     trainer.opt.zero_grad(set_to_none=True)
     return out
-
-
-def _committed_only(plan: TokenPlan) -> torch.Tensor:
-    """The plan's loss-token mask [B, L] without its speculative columns."""
-    mask = plan.mask.clone()
-    mask[:, plan.n_committed:] = False
-    return mask

@@ -11,7 +11,11 @@ far, with best.json), final/ (the weights after the last step). A killed run res
 ckpt.pt and drops the history and evaluation lines written after it, so a resumed run ends
 with the same files as an uninterrupted one.
 
-Non-finite values: Trainer.train_step skips a step whose loss or gradient is not finite and
+One step (`train_step`) reads as data flowing: `batch = trainer.collect()`, then what only
+reads the batch (its metrics; the gradient probe when due), then `trainer.update(batch)`.
+The last batch's selection maps are kept for the report (`save_selection_examples`).
+
+Non-finite values: Trainer.update skips a step whose loss or gradient is not finite and
 raises NonFiniteError when an update makes the weights non-finite or after
 train.max_nonfinite_in_row skipped steps in a row. The run stops there, with the error
 naming the newest checkpoint that exists, so from a finite base model a checkpoint, best/
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +40,9 @@ from tqdm.auto import tqdm
 from margrpo.atomic import replace_dir, write_with
 from margrpo.checkfiles import check_torch_zip
 from margrpo.jsonl import read_jsonl, write_jsonl
-from margrpo.training.trainer import NonFiniteError, Trainer
+from margrpo.training.gradprobe import probe_gradients
+from margrpo.training.stepstats import batch_metrics
+from margrpo.training.trainer import Batch, NonFiniteError, Trainer
 
 Evaluate = Callable[[object], dict[str, float]]
 Log = Callable[[int, dict[str, float]], None]
@@ -132,9 +139,11 @@ def train(trainer: Trainer, out_dir: Path, *, evaluate: Evaluate | None = None, 
         held_out()
     bar = tqdm(total=t.steps, initial=trainer.step, desc=f"train {trainer.method.name} seed {trainer.seed}",
                disable=not (progress and main))
+    batch = None
     while trainer.step < t.steps:
+        batch = None  # the previous batch goes before the next one exists
         try:
-            metrics = trainer.train_step()
+            metrics, batch = train_step(trainer)
         except NonFiniteError as e:
             raise NonFiniteError(f"{e} {run.newest_checkpoint()}") from None
         if main:
@@ -148,23 +157,31 @@ def train(trainer: Trainer, out_dir: Path, *, evaluate: Evaluate | None = None, 
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
     bar.close()
     if main:
-        save_selection_examples(trainer, run.root / "selection_examples.pt")
+        if batch is not None:
+            save_selection_examples(batch, run.root / "selection_examples.pt")
         run.publish(trainer.policy, run.final)
     trainer.world.barrier()  # final/ exists when any rank returns
     return run.final
 
 
-def train_step(trainer: Trainer):
-    """One training step: (metrics, the step's Batch)."""
-    metrics = trainer.train_step()
-    return metrics, trainer.last_batch
+def train_step(trainer: Trainer) -> tuple[dict[str, float], Batch]:
+    """One training step: collect a batch, read it (metrics; the gradient probe when
+    train.grad_probe_every says so, on the batch before its update), update on it.
+    Returns (the step's metrics, the batch)."""
+    t0, every = time.time(), trainer.tcfg.grad_probe_every
+    batch = trainer.collect()  # rollout -> reward -> group advantages -> token plan
+    metrics = batch_metrics(batch, trainer.world)
+    if every and trainer.step % every == 0:
+        metrics |= probe_gradients(trainer, batch)  # same batch, before the update; changes nothing
+    metrics |= trainer.update(batch)  # score -> loss -> backward -> optimiser step
+    metrics["time/step"] = time.time() - t0
+    return metrics, batch
 
 
-def save_selection_examples(trainer: Trainer, path: Path, n_images: int = 4) -> None:
-    """Loss-token and top-k maps of the last batch's first images, for the report
-    (methods with a multi-trajectory estimate only: the others select nothing)."""
-    batch = getattr(trainer, "last_batch", None)
-    if batch is None or all(p.draw is None for p in batch.plans):
+def save_selection_examples(batch: Batch, path: Path, n_images: int = 4) -> None:
+    """Loss-token and top-k maps of a batch's first images, for the report (methods with a
+    multi-trajectory estimate only: the others select nothing)."""
+    if all(p.draw is None for p in batch.plans):
         return
     ro = batch.rollout
     b, n_tok = ro.tokens.shape[:2]

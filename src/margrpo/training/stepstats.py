@@ -1,11 +1,8 @@
-"""What a training step reports (Trainer.train_step): the batch's statistics and the
-gradient norms, read from the device in as few host syncs as possible (hostsync.read_all:
-one per call). On a GPU every read of a device value makes the host wait for the device; the
-benchmark counts them (margrpo.hostsync, scripts/bench_step_time.py)."""
+"""What a collected batch reports (training/loop.py train_step): rewards, advantages and
+the token plan's selection statistics, read from the device in one host sync
+(hostsync.read_all). On a GPU every read of a device value makes the host wait for the
+device; the step-time benchmark counts them (margrpo.hostsync)."""
 from __future__ import annotations
-
-
-import torch
 
 from margrpo.hostsync import read_all
 from margrpo.method.advantages import zero_std_fraction
@@ -14,7 +11,6 @@ from margrpo.method.plan import CONSISTENCY_KEYS
 
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
 SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
-NORM_KEYS = ("diag/grad_norm_ar", "diag/grad_norm_head")
 
 
 def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
@@ -46,9 +42,3 @@ def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
         if vals:
             m[key] = sum(vals) / len(vals)
     return m
-
-
-def grad_norm(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """[the L2 norm of the parameters' gradients], or [] when none has one (a frozen group)."""
-    gs = [p.grad for p in params if p.grad is not None]
-    return [torch.linalg.vector_norm(torch.stack([g.norm() for g in gs]))] if gs else []

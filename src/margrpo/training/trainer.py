@@ -1,6 +1,10 @@
-"""GRPO / MAR-GRPO training step, top to bottom: `Trainer.collect` (rollout -> reward ->
-group advantages -> token plan), `Trainer.train_step` (the update) and
-`Trainer.compute_grads` (the loss of every AR step, backward, all-reduce).
+"""GRPO / MAR-GRPO training, data first: `Trainer.collect` returns a complete `Batch`
+(prompts, rollout with its images, rewards, group advantages, and the token plan with its
+chains and old log-probs); `Trainer.update(batch)` scores every term the loss needs
+(`score_step`: the rollout chains, the multi-trajectory chains, the reference model), turns
+them into the loss with method/losses.py `step_loss`, and steps the optimiser. The loop
+(training/loop.py `train_step`) calls collect, then what only reads the batch (its
+metrics, the gradient probe when due), then update.
 
 Vanilla GRPO and MAR-GRPO run the same code; the resolved method (Params.method and
 Params.train_for) decides the head freeze, the estimator, the token scope, the selection
@@ -8,9 +12,7 @@ and the per-method training settings. Every random draw comes from one of three
 torch.Generators (prompt order, image seeds, loss-step subsets) whose states are
 checkpointed, or is keyed by an image seed (the rollout's noise and the multi-trajectory
 chains, models/noise.py), so a killed run resumed from its last checkpoint ends with the
-same weights as an uninterrupted one. The outer loop (evaluation, checkpoints) is
-training/loop.py; the gradient probe is training/gradprobe.py; what a step reports, read from the
-device in one host sync per group of statistics, training/stepstats.py.
+same weights as an uninterrupted one.
 
 Data parallel (ranks/distributed.py): every rank draws the same global batch and token plan
 from the shared generators and rolls out its block of whole groups; the loss is
@@ -36,36 +38,38 @@ from typing import Callable, NamedTuple
 import torch
 
 from margrpo.config import Params, ResolvedMethod
-from margrpo.models.chains import chain_log_probs, gather_rows
+from margrpo.hostsync import read_all
+from margrpo.method.advantages import group_advantages
+from margrpo.method.losses import StepScores, step_loss
+from margrpo.method.plan import TokenPlan, plan_tokens, speculative_steps_needed, uncertainty_chains_needed
+from margrpo.models.chains import ChainScorer, gather_rows
 from margrpo.models.noise import draw_seeds
 from margrpo.models.protocol import MARPolicy, Rollout
-from margrpo.method.advantages import group_advantages
 from margrpo.ranks.distributed import World, check_shardable, current
-from margrpo.method.estimators import chain_policy_terms
-from margrpo.training.gradprobe import probe_gradients
-from margrpo.method.losses import gaussian_kl, ppo_clipped_term, ratio_stats, token_terms, transition_sum
-from margrpo.method.plan import TokenPlan, plan_tokens, speculative_steps_needed, uncertainty_chains_needed
-from margrpo.hostsync import read_all
-from margrpo.training.stepstats import NORM_KEYS, batch_metrics, grad_norm
 
 GENERATORS = ("data", "rollout", "plan")
 
 
+# The gradient norms a step reports (diag/*), of the summed gradient.
+NORM_KEYS = ("diag/grad_norm_ar", "diag/grad_norm_head")
+
+
 class NonFiniteError(RuntimeError):
     """Training stopped: the weights went non-finite, or too many steps in a row had a
-    non-finite loss or gradient (Trainer.train_step)."""
+    non-finite loss or gradient (Trainer.update)."""
 
 
 class Batch(NamedTuple):
-    """One training batch: rollout, rewards, advantages and token plan (Trainer.collect); on
-    a rank of a data-parallel run, its block of the global batch (B images of whole groups)."""
+    """One training batch, complete (Trainer.collect): everything the update and the
+    diagnostics read. On a rank of a data-parallel run, its block of the global batch (B
+    images of whole groups)."""
 
     groups: torch.Tensor  # [B] global group index of every image
-    rollout: Rollout
+    rollout: Rollout  # prompts, image seeds, images [B, 3, H, W], every AR step's chains
     rewards: torch.Tensor  # [B]
-    adv: torch.Tensor  # [B]
-    plans: list[TokenPlan]  # one per loss AR step
-    rollout_s: float
+    adv: torch.Tensor  # [B] group advantages
+    plans: list[TokenPlan]  # one per loss AR step: loss tokens, chains, old log-probs
+    rollout_s: float  # seconds of rollout
     # [B] the base model's rewards on the same prompts and image seeds (methods.<m>.paired_base)
     base_rewards: torch.Tensor | None = None
     # metric name -> [B] per-image values from the trainer's monitor (e.g. an evaluation judge)
@@ -209,7 +213,12 @@ class Trainer:
         heads = [torch.randperm(t_head, generator=g)[: self.tcfg.loss_head_steps].sort().values for _ in ar]
         return ar, heads
 
-    # ---- one step, top to bottom ----------------------------------------------------
+    # ---- the step: collect, then update ------------------------------------------------
+    def scorer(self, rollout: Rollout, reference: bool = False) -> ChainScorer:
+        """How the loss scores chains of this rollout: the policy (or the KL reference) at
+        the rollout's guidance scale, in the loss's guidance mode (train.cfg_mode)."""
+        return ChainScorer(self.ref if reference else self.policy, rollout.cfg_scale, self.tcfg.cfg_mode)
+
     def collect(self) -> Batch:
         """Rollout -> reward -> group advantages -> token plan, at theta_old (no grad)."""
         t0 = time.time()
@@ -230,7 +239,7 @@ class Trainer:
         rewards = self.reward(images, rollout.prompts, metas).float().to(self.device)
         monitored = self.monitor(images, metas) if self.monitor else None
         adv = group_advantages(rewards, groups)
-        plans = plan_tokens(self.policy, rollout, ar_steps, head_steps, self.method, self.tcfg.cfg_mode)
+        plans = plan_tokens(self.scorer(rollout), rollout, ar_steps, head_steps, self.method)
         if m_unc:  # the plans hold the selected tokens' chains; the others' go now
             rollout = dataclasses.replace(rollout, steps=[dataclasses.replace(st, extra_chain=None, extra_logp=None)
                                                           for st in rollout.steps])
@@ -243,22 +252,19 @@ class Trainer:
             base_rewards = self.reward(base.images.cpu(), base.prompts, metas).float().to(self.device)
         return Batch(groups, rollout, rewards, adv, plans, t_roll, base_rewards, monitored)
 
-    def train_step(self) -> dict[str, float]:
-        """One GRPO update on a fresh batch; returns the step's metrics.
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One GRPO update on a collected batch (train.inner_epochs passes over it); returns
+        loss/*, diag/* and the gradient norms.
 
-        Non-finite guard: an epoch whose loss or gradient is not finite leaves the weights
-        alone (its gradients are dropped and the step ends); max_nonfinite_in_row such steps
-        in a row, or an update that makes the weights non-finite, raise NonFiniteError, so
-        the weights are finite whenever this returns (training/loop.py writes them)."""
-        t0, t = time.time(), self.tcfg
-        self.last_batch = None  # the previous rollout goes before this one exists
-        batch = self.collect()  # rollout -> reward -> group advantages -> token plan
-        metrics = batch_metrics(batch, self.world)
-        if t.grad_probe_every and self.step % t.grad_probe_every == 0:
-            metrics.update(probe_gradients(self, batch))  # same batch, before the update; changes nothing
+        Non-finite guard: a pass whose loss or gradient is not finite leaves the weights
+        alone (its gradients are dropped and the update ends); max_nonfinite_in_row such
+        updates in a row, or an update that makes the weights non-finite, raise
+        NonFiniteError, so the weights are finite whenever this returns (training/loop.py
+        writes them)."""
+        t = self.tcfg
         skipped = False
         for _ in range(t.inner_epochs):
-            stats = self.compute_grads(batch, norms=True)  # loss of every AR step -> backward -> all-reduce
+            stats = self.compute_grads(batch, norms=True)  # score -> loss of every AR step -> backward -> all-reduce
             if not all(math.isfinite(stats[k]) for k in ("loss/policy", "loss/kl", *NORM_KEYS)):
                 skipped = True
                 self.opt.zero_grad(set_to_none=True)
@@ -276,11 +282,36 @@ class Trainer:
         if self.nonfinite_in_row >= t.max_nonfinite_in_row:
             raise NonFiniteError(f"{self.nonfinite_in_row} steps in a row had a non-finite loss or gradient "
                                  f"(step {self.step}); lower train.lr or check the reward.")
-        metrics.update(stats)
-        metrics.update({"diag/lr": self.sched.get_last_lr()[0], "diag/nonfinite_skipped": float(self.nonfinite_total),
-                        "time/step": time.time() - t0})
-        self.last_batch = batch
-        return metrics
+        return {**stats, "diag/lr": self.sched.get_last_lr()[0], "diag/nonfinite_skipped": float(self.nonfinite_total)}
+
+    def score_step(self, rollout: Rollout, plan: TokenPlan, scorer: ChainScorer,
+                   ref: ChainScorer | None) -> StepScores:
+        """Every log-prob the loss of one AR step reads, at the current parameters: the
+        rollout chains of the plan's blocks, one block at a time in the rollout's shapes (so
+        that at theta_old they equal the recorded ones bit for bit: ratio exactly 1), the
+        reference's means on the same transitions (ref: None without a KL term), and the
+        plan's multi-trajectory chains (the M chains of a token share its latents)."""
+        steps = plan.head_steps.tolist()  # the S loss head steps (CPU)
+        z_c, z_u = self.policy.encode(rollout, plan.index)  # [B, N, C] latents of the AR step (cond, null)
+        if ref is not None:
+            with torch.no_grad():
+                ref_c, ref_u = self.ref.encode(rollout, plan.index)
+        logp, mean, std, ref_mean = [], [], [], [] if ref is not None else None
+        for blk in plan.blocks:
+            lp, m, s = scorer.log_probs(gather_rows(z_c, blk.idx), gather_rows(z_u, blk.idx), blk.chain, steps)
+            logp.append(lp)  # [S, B, g]
+            mean.append(m)  # [S, B, g, D]
+            std.append(s)
+            if ref is not None:
+                with torch.no_grad():
+                    ref_mean.append(ref.log_probs(gather_rows(ref_c, blk.idx), gather_rows(ref_u, blk.idx),
+                                                  blk.chain, steps)[1])
+        chain_logp, d = None, plan.draw
+        if d is not None and d.rows.numel():
+            b, width = plan.mask.shape
+            z_rows = [gather_rows(z, plan.positions).reshape(b * width, -1)[d.rows] for z in (z_c, z_u)]  # [R, C]
+            chain_logp = scorer.log_probs(*z_rows, d.states, steps)[0]  # [S, M, R]
+        return StepScores(logp, mean, std, ref_mean, chain_logp)
 
     def compute_grads(self, batch: Batch, image_weight: torch.Tensor | None = None,
                       plans: list[TokenPlan] | None = None, adv: torch.Tensor | None = None,
@@ -290,14 +321,12 @@ class Trainer:
         (averaged over ranks); with `norms`, also diag/grad_norm_ar and diag/grad_norm_head
         of the summed gradient. Every statistic is read from the device in one host sync.
 
-            loss = sum over loss AR steps i, head steps j, images b, loss tokens n of
-                   image_weight_b * (PPO term + beta_kl * KL)[i, j, b, n] / normaliser
-
-        (losses.py: the terms and the aggregation rule). image_weight: optional [B] 0/1, the
-        images in the loss (the gradient probe's group halves); plans, adv: another token
-        plan or other advantages for the same rollout (the probe, tests).
+        Per loss AR step: score_step, then method/losses.py step_loss, then backward.
+        image_weight: optional [B] 0/1, the images in the loss (the gradient probe's group
+        halves); plans, adv: another token plan or other advantages for the same rollout
+        (the probe, tests).
         """
-        t, policy, rollout = self.tcfg, self.policy, batch.rollout
+        t, rollout = self.tcfg, batch.rollout
         plans = batch.plans if plans is None else plans
         adv = batch.adv if adv is None else adv  # [B]
         w = torch.ones(adv.shape[0], device=adv.device) if image_weight is None else image_weight.float()  # [B]
@@ -309,62 +338,25 @@ class Trainer:
         [n_images] = self.world.sum([float(adv.numel() if image_weight is None else image_weight.sum())])
         slots = sum(p.n_committed * len(p.head_steps) for p in plans)
         normaliser = max(n_images, 1.0) * max(slots, 1)
-        use_kl = self.ref is not None and t.beta_kl > 0
-        pg_vals, kl_vals = [], []  # [] scalar tensors per AR step, read at the end
-        moved = []  # ratio_stats of each scored chain set: how far the policy is from theta_old
+        scorer = self.scorer(rollout)
+        ref = self.scorer(rollout, reference=True) if self.ref is not None and t.beta_kl > 0 else None
+        pg_vals, kl_vals, moved = [], [], []  # scalar tensors per AR step / chain set, read at the end
         self.opt.zero_grad(set_to_none=True)
         for plan in plans:
-            b, width = plan.mask.shape  # B images x L layout tokens of AR step i
-            steps, s = plan.head_steps.tolist(), len(plan.head_steps)  # the S loss head steps (CPU)
-            z_c, z_u = policy.encode(rollout, plan.index)  # [B, N, C] latents of AR step i (cond, null)
-            if use_kl:
-                with torch.no_grad():
-                    ref_c, ref_u = self.ref.encode(rollout, plan.index)
-            # Log-probs of the rollout chains of the layout's tokens, one block at a time in the
-            # rollout's shapes, so that at theta_old they equal the recorded ones bit for bit
-            # (ratio exactly 1); the KL to the reference is measured on the same transitions.
-            lp, old, kl_terms = [], [], []
-            for blk in plan.blocks:
-                lp_b, mean, std = chain_log_probs(policy, gather_rows(z_c, blk.idx), gather_rows(z_u, blk.idx),
-                                                  blk.chain, steps, rollout.cfg_scale, t.cfg_mode)  # [S, B, g]
-                lp.append(lp_b)
-                old.append(blk.logp[plan.head_steps])  # [S, B, g]
-                moved.append(ratio_stats(lp_b, old[-1], t.clip_range))
-                if use_kl:
-                    with torch.no_grad():
-                        _, mean_ref, _ = chain_log_probs(self.ref, gather_rows(ref_c, blk.idx),
-                                                         gather_rows(ref_u, blk.idx), blk.chain, steps,
-                                                         rollout.cfg_scale, t.cfg_mode)  # [S, B, g, D]
-                    kl_terms.append(gaussian_kl(mean, mean_ref, std))  # [S, B, g]
-            lp, old = torch.cat(lp, dim=2), torch.cat(old, dim=2)  # [S, B, L]
-            # PPO terms: each loss token is scored by its own rollout chain, or, when it is in
-            # plan.draw, by the weighted sum over its M chains.
-            own = ppo_clipped_term(lp, old, adv.view(1, b, 1), t.clip_range)  # [S, B, L]
-            pieces, d = [], plan.draw
-            if d is not None and d.rows.numel():
-                # [R2, C]: the M chains of a token share its latents (one head call per step for all)
-                z_rows = [gather_rows(z, plan.positions).reshape(b * width, -1)[d.rows] for z in (z_c, z_u)]
-                lp_d, _, _ = chain_log_probs(policy, *z_rows, d.states, steps, rollout.cfg_scale,
-                                             t.cfg_mode)  # [S, M, R2]
-                chain_terms, chain_moved = chain_policy_terms(d, lp_d, adv, t.clip_range, width, plan.head_steps)
-                pieces.append((d.rows, chain_terms.sum(1)))  # [S, R2]
-                moved.append(chain_moved)
-            pg = (transition_sum(token_terms(own, plan.single, pieces), plan.mask) * w).sum() / normaliser
-            pg_vals.append(pg.detach())
-            loss = pg
-            if use_kl:
-                kl = (transition_sum(torch.cat(kl_terms, dim=2), plan.mask) * w).sum() / normaliser
-                kl_vals.append(kl.detach())
-                loss = pg + t.beta_kl * kl
+            step = step_loss(plan, self.score_step(rollout, plan, scorer, ref), adv, w, normaliser,
+                             t.clip_range, t.beta_kl)
             # Backward per AR step rather than of the summed loss: the same gradient (the
             # steps' gradients add up in .grad), while this step's activations (its transformer
             # pass and every head pass) are freed before the next step's exist.
-            loss.backward()
+            step.loss.backward()
+            pg_vals.append(step.policy)
+            kl_vals += [] if step.kl is None else [step.kl]
+            moved += step.moved
         self.world.all_reduce_grads(self.trained)
         groups = {"loss/policy": pg_vals, "loss/kl": kl_vals, "diag/clipfrac": [st["clipfrac"] for st in moved],
                   "diag/approx_kl": [st["approx_kl"] for st in moved]}
         if norms:
-            groups |= dict(zip(NORM_KEYS, (grad_norm(self.ar_params), grad_norm(self.head_params))))
+            groups |= dict(zip(NORM_KEYS, (_grad_norm(self.ar_params), _grad_norm(self.head_params))))
         read = read_all(groups)
         # sums in the order of the AR steps and chain sets; clipfrac, approx_kl: mean of the sets' means
         stats = {k: sum(read[k], 0.0) for k in ("loss/policy", "loss/kl", "diag/clipfrac", "diag/approx_kl")}
@@ -376,3 +368,9 @@ class Trainer:
         if norms:
             out |= {k: (read[k] or [0.0])[0] for k in NORM_KEYS}
         return out
+
+
+def _grad_norm(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """[the L2 norm of the parameters' gradients], or [] when none has one (a frozen group)."""
+    gs = [p.grad for p in params if p.grad is not None]
+    return [torch.linalg.vector_norm(torch.stack([g.norm() for g in gs]))] if gs else []
