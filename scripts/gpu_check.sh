@@ -12,7 +12,7 @@
 #   3. training steps of 512 images (the GPU profile: 32 prompts x 16 images) of grpo_frozen and
 #      mar_grpo in float32 and in bfloat16, with peak GPU memory;
 #   4. 50 steps of mar_grpo on the GPU profile with held-out evaluation at steps 0, 25 and 50
-#      (scripts/rl_probe.py; a probe stopped at its limit keeps its evaluations so far).
+#      (probes/rl_probe.py; a probe stopped at its limit keeps its evaluations so far).
 #
 #   bash scripts/gpu_check.sh [--wheels DIR] [--out DIR] [--dry] [--cpu-smoke]
 #
@@ -70,11 +70,11 @@ PLAN=(
 [ "$MODE" = cpu ] && PLAN+=("tiny base model|15|make_tiny_base")
 PLAN+=(
   "cuda tests|70|$PY -m pytest -m cuda -q -p no:cacheprovider $CUDA_TESTS"
-  "rollout float32|30|$PY scripts/bench_sampling.py --device $DEV --dtype float32 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0"
-  "rollout bfloat16|30|$PY scripts/bench_sampling.py --device $DEV --dtype bfloat16 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0"
-  "training step float32|65|$PY scripts/bench_step_time.py --device $DEV --dtype float32 --params $GPU_PARAMS --steps $STEPS --methods grpo_frozen,mar_grpo $TINY"
-  "training step bfloat16|65|$PY scripts/bench_step_time.py --device $DEV --dtype bfloat16 --params $GPU_PARAMS --steps $STEPS --methods grpo_frozen,mar_grpo $TINY"
-  "probe mar_grpo|160|$PY scripts/rl_probe.py --method mar_grpo --params $GPU_PARAMS --steps $PROBE_STEPS --eval-every $EVAL_EVERY --images $EVAL_IMAGES --name gpu_check_mar_grpo $TINY"
+  "rollout float32|30|$PY benchmarks/sampling.py --device $DEV --dtype float32 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0"
+  "rollout bfloat16|30|$PY benchmarks/sampling.py --device $DEV --dtype bfloat16 --images $IMAGES --repeats $REPEATS $SAMPLING --cfg 3.0"
+  "training step float32|65|$PY benchmarks/step_time.py --device $DEV --dtype float32 --params $GPU_PARAMS --steps $STEPS --methods grpo_frozen,mar_grpo $TINY"
+  "training step bfloat16|65|$PY benchmarks/step_time.py --device $DEV --dtype bfloat16 --params $GPU_PARAMS --steps $STEPS --methods grpo_frozen,mar_grpo $TINY"
+  "probe mar_grpo|160|$PY probes/rl_probe.py --method mar_grpo --params $GPU_PARAMS --steps $PROBE_STEPS --eval-every $EVAL_EVERY --images $EVAL_IMAGES --name gpu_check_mar_grpo $TINY"
 )
 
 if [ "$DRY" = 1 ]; then

@@ -1,5 +1,5 @@
 """Shared by tests/parity_nova.py and tests/parity_harmon.py, the two halves of
-scripts/official_parity.py (adapter vs official code): replayed noise, manifests, diffs."""
+probes/official_parity.py (adapter vs official code): replayed noise, manifests, diffs."""
 from __future__ import annotations
 
 import datetime

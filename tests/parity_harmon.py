@@ -1,4 +1,4 @@
-"""Harmon half of scripts/official_parity.py (run it through that script)."""
+"""Harmon half of probes/official_parity.py (run it through that script)."""
 from __future__ import annotations
 
 from functools import partial

@@ -1,4 +1,4 @@
-"""NOVA half of scripts/official_parity.py (run it through that script)."""
+"""NOVA half of probes/official_parity.py (run it through that script)."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,9 +1,8 @@
-"""scripts/ablation.py: collecting finished DVC experiments into records (in scratch git
-repositories), the queue's states, what a point retrains, MLflow rows, the power script, the
-long run's seeds."""
+"""scripts/ablation.py's machinery (margrpo/experiments.py): collecting finished DVC experiments
+into records (in scratch git repositories), the queue's states, what a point retrains, MLflow
+rows, the long run's seeds; and the seeds by design (probes/power.py, margrpo/probes/power.py)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,16 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from margrpo import experiments
+from margrpo.experiments import Experiments
+from margrpo.probes import power
 from margrpo.report import ablation
 from margrpo.report.claims import HOLDS
 from test_ablation import GIT, METHODS, ROOT, SEEDS, _record, _scores
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("ablation_script", ROOT / "scripts" / "ablation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write(root: Path, rel: str, obj) -> None:
@@ -71,7 +66,7 @@ def _study_repo(root: Path) -> Path:
     return root
 
 
-def test_collect_writes_records_once_and_the_centre(tmp_path, monkeypatch):
+def test_collect_writes_records_once_and_the_centre(tmp_path):
     root = _study_repo(tmp_path / "repo")
     baseline = _git(root, "rev-parse", "HEAD")
     # the experiment: k = 0.1 retrained mar_grpo only (DVC commits it on top of its baseline)
@@ -82,11 +77,9 @@ def test_collect_writes_records_once_and_the_centre(tmp_path, monkeypatch):
     _git(root, "update-ref", f"refs/exps/{baseline[:2]}/{baseline[2:]}/abl-k0.1", exp)
     _git(root, "reset", "-q", "--hard", baseline)
 
-    script = _script()
-    monkeypatch.setattr(script, "ROOT", root)
-    monkeypatch.setattr(script, "RECORDS", root / "reports" / "ablation")
+    checkout = Experiments(root)
     points = ablation.grid(METHODS)
-    assert script.collect_finished(points) == ["abl-k0.1"]
+    assert checkout.collect_finished(points) == ["abl-k0.1"]
     rec = json.loads((root / "reports/ablation/abl-k0.1.json").read_text())
     assert rec["commit"] == exp and rec["baseline"] == baseline and rec["knobs"]["k"] == 0.1
     assert list(rec["methods"]) == ["mar_grpo"]  # only what the experiment retrained
@@ -100,7 +93,7 @@ def test_collect_writes_records_once_and_the_centre(tmp_path, monkeypatch):
     assert centre["arm"] == "centre" and set(centre["methods"]) == set(METHODS) and centre["knobs"]["k"] == 0.3
     # collected once: a second pass skips it and leaves the file alone
     stamp = (root / "reports/ablation/abl-k0.1.json").stat().st_mtime_ns
-    assert script.collect_finished(points) == []
+    assert checkout.collect_finished(points) == []
     assert (root / "reports/ablation/abl-k0.1.json").stat().st_mtime_ns == stamp
     # the records judge the point: k = 0.3 beats k = 0.1 by 0.2 on every prompt (the other
     # part is k = 0, the centre's grpo_frozen)
@@ -108,32 +101,30 @@ def test_collect_writes_records_once_and_the_centre(tmp_path, monkeypatch):
     part = parts["GenEval overall, k=0.3 − k=0.1 (mar_grpo (resample))"]
     assert part.status == HOLDS and part.d == pytest.approx(0.2)
     # code changes change the fingerprint; the grid keys do not
-    assert script.fingerprint(baseline) == rec["code"]
+    assert checkout.fingerprint(baseline) == rec["code"]
     _study(root, 0.3, 0.0, "centre-run", code="x = 2\n")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "code change")
-    assert script.fingerprint("HEAD") != rec["code"]
+    assert checkout.fingerprint("HEAD") != rec["code"]
 
 
 def test_queue_actions_and_status_parsing():
-    script = _script()
     text = ("Task     Name      Created    Status\n25f496a  abl-tau0  10:58 PM   Queued\n"
             "129f653  abl-tau0  10:57 PM   Failed\nd250d9a  abl-k0.1  10:57 PM   Success\n"
             "aa71303  abl-m2    10:58 PM   Running\n\nWorker status: 1 active, 0 idle\n")
-    states, workers = script.parse_queue(text)
+    states, workers = experiments.parse_queue(text)
     assert states == {"abl-tau0": {"Queued", "Failed"}, "abl-k0.1": {"Success"}, "abl-m2": {"Running"}}
     assert workers == 1
     finished = {"abl-k0.1": ("e", "b")}
-    assert script.action("abl-k0.1", {"abl-k0.1"}, finished, states) == "skip"
-    assert script.action("abl-k0.1", set(), finished, states) == "collect"
-    assert script.action("abl-tau0", set(), {}, states) == "wait"
-    assert script.action("abl-m2", set(), {}, states) == "wait"
-    assert script.action("abl-m8", set(), {}, {"abl-m8": {"Failed"}}) == "queue"  # a failed run is queued again
-    assert script.action("abl-k1", set(), {}, states) == "queue"
+    assert experiments.action("abl-k0.1", {"abl-k0.1"}, finished, states) == "skip"
+    assert experiments.action("abl-k0.1", set(), finished, states) == "collect"
+    assert experiments.action("abl-tau0", set(), {}, states) == "wait"
+    assert experiments.action("abl-m2", set(), {}, states) == "wait"
+    assert experiments.action("abl-m8", set(), {}, {"abl-m8": {"Failed"}}) == "queue"  # a failed run is queued again
+    assert experiments.action("abl-k1", set(), {}, states) == "queue"
 
 
 def test_retrains_reads_dvc_lock_values():
-    script = _script()
     lock = {"stages": {
         "train@mar_grpo": {"params": {"params.yaml": {"k": 0.3, "tau": 0.0, "train": {"steps": 20},
                                                       "methods.mar_grpo": {"estimator": "resample"}}}},
@@ -141,26 +132,26 @@ def test_retrains_reads_dvc_lock_values():
         "train@grpo": {"params": {"params.yaml": {"methods.grpo": {}, "train": {"steps": 20}}}}}}
     methods = ["grpo", "mar_grpo", "grpo_frozen_spec"]
     point = ablation.Point("abl-k0.1", "k", 0.1, ("k=0.1",))
-    assert script.retrains(point, lock, methods) == ["mar_grpo"]
+    assert experiments.retrains(point, lock, methods) == ["mar_grpo"]
     # tau = 0 is the locked value: grpo_frozen_spec does not retrain; the method block change does
     tau0 = ablation.Point("abl-tau0", "tau", 0.0, ("tau=0", "methods.mar_grpo.consistency=true"))
-    assert script.retrains(tau0, lock, methods) == ["mar_grpo"]
+    assert experiments.retrains(tau0, lock, methods) == ["mar_grpo"]
     tau5 = ablation.Point("abl-tau0.5", "tau", 0.5, ("tau=0.5",))
-    assert script.retrains(tau5, lock, methods) == ["mar_grpo", "grpo_frozen_spec"]
+    assert experiments.retrains(tau5, lock, methods) == ["mar_grpo", "grpo_frozen_spec"]
     long = ablation.Point("long", "long", 10, ("methods.grpo.steps_factor=10",))
-    assert script.retrains(long, lock, methods) == ["grpo"]
+    assert experiments.retrains(long, lock, methods) == ["grpo"]
 
 
 def test_mlflow_rows_from_records(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    script = _script()
+    checkout = Experiments(tmp_path)
     rec = {"name": "abl-k0.1", "arm": "k", "study": "abcdef1234-abl-k0.1-0000aaaa", "baseline": "abcdef1234" * 4,
            "params": {"k": 0.1, "methods": {}}, "summary": {"overall": {"mar_grpo": 0.41}, "seeds": 3}}
     centre = {**rec, "name": "centre-c0", "arm": "centre"}
-    assert script.mlflow_rows([centre, rec]) == 1
-    assert script.mlflow_rows([centre, rec]) == 0  # found by its study id, not duplicated
+    assert checkout.mlflow_rows([centre, rec]) == 1
+    assert checkout.mlflow_rows([centre, rec]) == 0  # found by its study id, not duplicated
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("margrpo-study").experiment_id],
                               "tags.`margrpo.role` = 'parent'")
@@ -173,9 +164,6 @@ def test_mlflow_rows_from_records(tmp_path, monkeypatch):
 # ---- power by design ---------------------------------------------------------------------------
 
 def test_power_uses_the_paired_seed_variance(tmp_path):
-    spec = importlib.util.spec_from_file_location("power_script", ROOT / "scripts" / "power.py")
-    power = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(power)
     # grpo and grpo_frozen share a large seed effect (+0, +0.1, +0.2): pairing removes it
     a = {"0": 0.00, "1": 0.10, "2": 0.20}
     b = {"0": -0.01, "1": 0.07, "2": 0.20}
@@ -222,24 +210,23 @@ def test_the_long_run_sets_its_seeds_and_keeps_the_fingerprint(tmp_path):
     (and retrains every method whose train params list the seeds); at the study's seeds it adds
     nothing. The seeds are not part of the code fingerprint, so the long run's record shares
     the centre's."""
-    script = _script()
     raw = {"methods": METHODS, "train": {"seeds": [0, 1, 2]}}
     long = next(p for p in ablation.grid(METHODS) if p.arm == "long")
-    one = script.with_seeds(long, [0], raw)
+    one = experiments.with_seeds(long, [0], raw)
     assert one.overrides == (*long.overrides, "train.seeds=[0]") and one.methods == long.methods
-    assert script.with_seeds(long, [0, 1, 2], raw) is long
+    assert experiments.with_seeds(long, [0, 1, 2], raw) is long
     k = next(p for p in ablation.grid(METHODS) if p.arm == "k")
-    assert script.with_seeds(k, [0], raw) is k
+    assert experiments.with_seeds(k, [0], raw) is k
     lock = {"stages": {"train@grpo_frozen_spec": {"params": {"params.yaml": {"train": {"seeds": [0, 1, 2]}}}}}}
-    assert script.retrains(one, lock, ["grpo_frozen_spec"]) == ["grpo_frozen_spec"]
+    assert experiments.retrains(one, lock, ["grpo_frozen_spec"]) == ["grpo_frozen_spec"]
 
     import yaml
 
-    root = script.ROOT = _study_repo(tmp_path / "repo")
-    before = script.fingerprint("HEAD")
-    params = root / "params.yaml"
+    checkout = Experiments(_study_repo(tmp_path / "repo"))
+    before = checkout.fingerprint("HEAD")
+    params = checkout.root / "params.yaml"
     changed = yaml.safe_load(params.read_text())
     changed["train"]["seeds"] = [0]
     params.write_text(yaml.safe_dump(changed))
-    _git(root, "commit", "-qam", "one seed")
-    assert script.fingerprint("HEAD") == before
+    _git(checkout.root, "commit", "-qam", "one seed")
+    assert checkout.fingerprint("HEAD") == before

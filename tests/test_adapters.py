@@ -1,5 +1,5 @@
 """NOVA and Harmon adapters: the trainer contracts TinyMAR meets, the published layouts
-(manifests from the official code, scripts/official_parity.py), loading errors, LoRA."""
+(manifests from the official code, probes/official_parity.py), loading errors, LoRA."""
 from __future__ import annotations
 
 import json

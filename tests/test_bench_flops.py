@@ -1,9 +1,8 @@
-"""The FLOP accounting of scripts/bench_step_time.py --flops (docs/method.md "What MTE
-costs"): the head's split into a shared conditioning and a per-chain part covers the whole
+"""The FLOP accounting of benchmarks/step_time.py --flops (margrpo/benchtools.py; docs/method.md
+"What MTE costs"): the head's split into a shared conditioning and a per-chain part covers the whole
 head, and the uncertainty chains are all that mar_grpo's batch adds to grpo_frozen's."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -11,20 +10,13 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import TINY, randomize_head
+from margrpo.benchtools import count_flops, head_flops
 from margrpo.config import parse_params
 from margrpo.training.trainer import Trainer
 from margrpo.world.grammar import VOCAB
 from margrpo.world.prompts import make_prompt_set
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_step_time.py"
-
-
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_step_time", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def study_methods_params():
@@ -44,7 +36,7 @@ def trainer(params, method: str) -> Trainer:
 def test_head_split_covers_the_whole_head():
     params = study_methods_params()
     policy = trainer(params, "grpo_frozen").policy
-    cond, apply = bench().head_flops(policy)
+    cond, apply = head_flops(policy)
     t = torch.full((3,), policy.sampler.time_input(0))
     x, z = torch.randn(3, policy.token_dim), torch.randn(3, params.model.cond_dim)
     with torch.no_grad(), FlopCounterMode(display=False) as whole:
@@ -55,10 +47,9 @@ def test_head_split_covers_the_whole_head():
 
 def test_uncertainty_chains_are_what_mar_grpo_adds_to_the_batch():
     params = study_methods_params()
-    mod = bench()
     frozen, mar = trainer(params, "grpo_frozen"), trainer(params, "mar_grpo")
-    (c0, l0, _), (c1, l1, batch) = mod.count_flops(frozen), mod.count_flops(mar)
-    _, apply = mod.head_flops(mar.policy)
+    (c0, l0, _), (c1, l1, batch) = count_flops(frozen), count_flops(mar)
+    _, apply = head_flops(mar.policy)
     rows = sum(p.n_committed for p in batch.plans) * len(batch.adv)  # committed tokens at the loss AR steps
     m, t_head = params.num_trajectories, mar.policy.sampler.num_steps
     assert c1 - c0 == m * t_head * 2 * rows * apply  # M chains x T head steps x (prompt, null) rows

@@ -1,6 +1,6 @@
 """The MTE estimators on a linear-Gaussian toy with an exact marginal score (method.md §3.2).
 
-The toy (scripts/estimator_toy.py) is a 1-D DDPM chain, T = 10, posterior variance, whose
+The toy (margrpo/probes/estimator_toy.py) is a 1-D DDPM chain, T = 10, posterior variance, whose
 transition means are linear in the state and in theta; it is not the exact reverse of q
 (there every estimator would be exact with zero variance). theta moves each transition mean
 by kappa * theta step stds, so the chain score is sum_j kappa * noise_j and the chain Fisher
@@ -13,7 +13,6 @@ far from the measured ones), so they neither pass by chance nor flake. Measured 
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -30,26 +29,23 @@ from margrpo.method.estimators import (
     policy_callables,
     posterior_log_weights,
 )
+from margrpo.probes.estimator_toy import LinearGaussianToy
+from margrpo.probes.estimator_toy import measure as measure_toy
 
-_spec = importlib.util.spec_from_file_location(
-    "estimator_toy", Path(__file__).resolve().parents[1] / "scripts" / "estimator_toy.py"
-)
-toy_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(toy_mod)
 
 N_X0 = 3000
 
 
 @pytest.fixture(scope="module")
 def toy():
-    return toy_mod.LinearGaussianToy(theta=0.5, s0=0.1, kappa=0.3, head="shift")
+    return LinearGaussianToy(theta=0.5, s0=0.1, kappa=0.3, head="shift")
 
 
 @pytest.fixture(scope="module")
 def stats(toy):
     runs = [("single", 1), ("resample", 16), ("elbo", 1), ("elbo", 16),
             ("posterior", 1), ("posterior", 4), ("posterior", 16), ("posterior", 64)]
-    return {(e, m): toy_mod.measure(toy, e, m, N_X0, seed=10 + m) for e, m in runs}
+    return {(e, m): measure_toy(toy, e, m, N_X0, seed=10 + m) for e, m in runs}
 
 
 def marginal_fisher(toy) -> float:
@@ -261,7 +257,7 @@ def test_resample_reuses_given_chains_and_scores_only_the_loss_steps():
 
 # ---- resample's selected-token term on the base model's real tokens ----------------------
 def test_resample_term_on_selected_tokens_is_biased_and_independent_chains_are_not():
-    """scripts/resample_bias.py at a small size on the committed base (2 images x 192 draws
+    """probes/resample_bias.py at a small size on the committed base (2 images x 192 draws
     of M = 4 chains per committed token, mar_grpo's top-k). Scoring the chains that ranked
     the tokens gives the selected tokens a mean score far from 0 (its squared norm measured
     2.2x what a zero-mean term gives here; the ratio grows with the draws, 1.3x at 64),
@@ -269,11 +265,8 @@ def test_resample_term_on_selected_tokens_is_biased_and_independent_chains_are_n
     independent chains from the same latents stay near zero-mean (1.2x)."""
     from margrpo.config import load_params
     from margrpo.models.loading import load_model
+    from margrpo.probes import resample_bias as bias
 
-    spec = importlib.util.spec_from_file_location(
-        "resample_bias", Path(__file__).resolve().parents[1] / "scripts" / "resample_bias.py")
-    bias = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bias)
     root = Path(__file__).resolve().parents[1]
     params = load_params(root / "params.yaml", {"runtime.device": "cpu"})
     policy = load_model(root / params.model.checkpoint, params)

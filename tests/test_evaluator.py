@@ -175,7 +175,7 @@ def test_wrong_renders_fail(batch, kind):
 
 
 def test_reward_modes(batch):
-    """Every reward mode scores correct renders at the top (speed: scripts/bench_evaluator.py)."""
+    """Every reward mode scores correct renders at the top (speed: benchmarks/evaluator.py)."""
     rows, images = batch
     for mode in ("partial", "geneval", "t2i", "mix"):
         r = build_reward("world", mode=mode)(images[:8], [m["prompt"] for m in rows[:8]], rows[:8])

@@ -50,6 +50,9 @@ def test_the_gpu_plan_installs_offline_merges_without_dvc_and_fits_eight_minutes
         assert f"--dtype {dtype} --images 512" in plan[f"rollout {dtype}"][1]
         assert f"--dtype {dtype} --params" in plan[f"training step {dtype}"][1]
     assert "--steps 50" in plan["probe mar_grpo"][1]
+    files = [w for _, cmd in plan.values() for w in cmd.split() if w.endswith(".py")]
+    assert {"benchmarks/sampling.py", "benchmarks/step_time.py", "probes/rl_probe.py"} <= set(files)
+    assert all((REPO / f).is_file() for f in files), files
 
 
 def test_the_smoke_plan_runs_the_same_steps_small_on_the_cpu():

@@ -23,7 +23,7 @@ GPU:
   counters) are torch's.
 
 Not counted: synchronisations inside an op (an argument check on device values);
-torch.cuda.set_sync_debug_mode reports those on a GPU (scripts/bench_step_time.py uses it
+torch.cuda.set_sync_debug_mode reports those on a GPU (benchmarks/step_time.py uses it
 there as well).
 """
 from __future__ import annotations

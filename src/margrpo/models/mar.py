@@ -173,7 +173,7 @@ class TinyMAR(RolloutMixin, ModelMixin, ConfigMixin):
             pixels, mean token value -0.19; background +1.00; midpoint 0.41;
           the base model's samples (256 training prompts, seed 0): 21.8% object pixels, mean
             -0.24; background +0.99; midpoint 0.38.
-        scripts/consistency_scores.py prints the same measurement on its rollouts."""
+        probes/consistency_scores.py prints the same measurement on its rollouts."""
         return TINY_CONSISTENCY_REFERENCE
 
     def ar_parameters(self) -> Iterator[torch.nn.Parameter]:

@@ -1,7 +1,7 @@
 """Constructed images that a cheap detector misreads, each with the verdict GenEval's rules
 give its true scene: shapes outside the world's family, faint / tiny / edge-cut / stretched
 extra objects, two-colour objects, correct renders off the pixel grid, touching objects,
-blur and noise. scripts/bench_judge.py prints the judge's and the training reward's verdict
+blur and noise. benchmarks/judge.py prints the judge's and the training reward's verdict
 on every case; tests/test_judge.py requires the judge to agree with the truth on all.
 
 The truth of a case comes from what was painted, never from a detector: an object's class

@@ -1,12 +1,10 @@
 """Measure the bias of `resample`'s selected-token term on the base model's real tokens.
 
-    .venv/bin/python scripts/resample_bias.py [--params params.yaml] [--images 64] [--draws 16] [--seed 0]
-
 `mar_grpo` ranks a step's committed tokens by the variance of M fresh head chains from the
 token's latent z (the uncertainty map) and, for the top-k tokens, scores those same M chains
 (`resample` reuses them, as the authors do). Fresh chains from z have a zero-mean score,
 d/dz log p(chain | z), but only unconditionally: chains that were kept because they spread
-widely are not a fresh draw. This script measures the term on real rollouts of the base
+widely are not a fresh draw. This measures the term on real rollouts of the base
 model (params.model.checkpoint, training prompts):
 
 - per committed token and per draw (`draws` independent repeats of its M chains, the
@@ -23,18 +21,17 @@ model (params.model.checkpoint, training prompts):
 - the control: the selected tokens scored by M other, independent chains from the same z
   (the `resample` stream, what the estimator draws when it does not reuse): zero-mean.
 
-tests/test_estimators.py runs `measure` on the committed base at a small size.
+probes/resample_bias.py prints the table (docs/method.md); tests/test_estimators.py runs
+`measure` on the committed base at a small size.
 """
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 
-from margrpo.config import Params, load_params, parse_overrides
+from margrpo.config import Params
 from margrpo.models.chains import chain_log_probs, gather_rows, sample_chains
-from margrpo.models.loading import load_model
 from margrpo.models.noise import RESAMPLE, UNCERTAINTY, draw_seeds
 from margrpo.method.estimators import image_noise
 from margrpo.method.selection import topk_mask, uncertainty_map
@@ -170,37 +167,3 @@ def _summary(sums: dict[str, _TokenSums], unc_sum: torch.Tensor) -> dict:
     out["cos"] = float(cos[both].mean()) if both.any() else math.nan
     out["both"] = int(both.sum())
     return out
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--images", type=int, default=64)
-    ap.add_argument("--draws", type=int, default=16, help="independent draws of every token's M chains")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("-S", dest="sets", action="append", default=[], help="dotted key=value override")
-    a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    params = load_params(a.params, parse_overrides(a.sets) | {"runtime.device": "cpu"})
-    policy = load_model(params.model.checkpoint, params)
-    res = measure(policy, params, *training_prompts(params, a.images, a.seed), a.draws)
-    print(f"base {params.model.checkpoint}: {a.images} images x {a.draws} draws of M = {res['m']} chains per "
-          f"committed token; top k = {res['k']} per image; score at head steps {res['head_steps'][0]}.."
-          f"{res['head_steps'][-1]}, d/d(z_cond, z_null), cfg_mode {params.train.cfg_mode}")
-    print("ratio = |mean score|^2 / (sum |s|^2 / n^2): about 1 for a zero-mean term; "
-          "sqrt(ratio) = standard errors from 0")
-    print(f"| AR step | {' | '.join(f'{n}: tokens, draws, ratio' for n in SETS)} | cos(sel, unsel) (tokens) | "
-          "uncertainty sel / unsel |")
-    print("|---" * (len(SETS) + 3) + "|")
-    for key, row in res["rows"].items():
-        cells = " | ".join(f"{row[n]['tokens']}, {row[n]['draws']:.0f}, {row[n]['ratio']:.2f}" for n in SETS)
-        print(f"| {key} | {cells} | {row['cos']:+.2f} ({row['both']}) | "
-              f"{row['selected']['unc']:.4f} / {row['unselected']['unc']:.4f} |")
-    sel = res["rows"]["all"]["selected"]["ratio"]
-    print(f"selected tokens, reused chains: squared mean score {sel:.1f}x that of a zero-mean term "
-          f"(independent chains: {res['rows']['all'][SETS[2]]['ratio']:.1f}x)")
-
-if __name__ == "__main__":
-    main()

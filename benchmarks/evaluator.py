@@ -1,7 +1,7 @@
 """Measure the world evaluator: accuracy on ground-truth renders (clean, noisy, blurred),
 scores on deliberately wrong renders, and speed.
 
-    .venv/bin/python scripts/bench_evaluator.py --n-per-tag 500
+    .venv/bin/python benchmarks/evaluator.py --n-per-tag 500
 """
 from __future__ import annotations
 

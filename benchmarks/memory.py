@@ -1,8 +1,8 @@
 """Peak memory of one rollout and one training step of NOVA-0.6B and Harmon-1.5B at their
 published resolution (512 px, 1024 tokens), and the largest batch that fits on an 80 GB GPU.
 
-    .venv/bin/python scripts/memory.py       # both models, mar_grpo and grpo, checkpointing on and off
-    .venv/bin/python scripts/memory.py --model nova --method mar_grpo --checkpointing on --batch 32
+    .venv/bin/python benchmarks/memory.py       # both models, mar_grpo and grpo, checkpointing on and off
+    .venv/bin/python benchmarks/memory.py --model nova --method mar_grpo --checkpointing on --batch 32
 
 A full-size run does not fit this machine (NOVA's fixed training state alone is 17 GiB,
 Harmon's 41 GiB), nor would its compute on two CPU cores, so the peak

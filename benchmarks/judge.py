@@ -3,7 +3,7 @@ GenEval's rules give its true scene, the judge's verdict and the training reward
 (its GenEval half and the reward itself). The judge must agree with the truth on every case;
 the reward may not, and where it does not is what the judge is for. Also times the judge.
 
-    .venv/bin/python scripts/bench_judge.py [--grid docs/img/adversarial.png]
+    .venv/bin/python benchmarks/judge.py [--grid docs/img/adversarial.png]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tuning probe: train one (method, seed) with params overrides and print its held-out
 learning curve (GenEval-style overall every --eval-every steps).
 
-    .venv/bin/python scripts/rl_probe.py --method mar_grpo --steps 120 --eval-every 20 \
+    .venv/bin/python probes/rl_probe.py --method mar_grpo --steps 120 --eval-every 20 \
         -S train.lr=1e-4 -S rewards.0.mode=geneval
 
 Outside DVC and MLflow: a quick way to choose learning rates, group sizes and step counts

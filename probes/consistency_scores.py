@@ -1,6 +1,6 @@
 """Consistency scores of speculative tokens on base-model rollouts: centred vs raw cosine.
 
-    .venv/bin/python scripts/consistency_scores.py --batches 4 --seed 0
+    .venv/bin/python probes/consistency_scores.py --batches 4 --seed 0
 
 Rolls out --batches batches of --images training prompts (prompts/world_train.jsonl, drawn
 with --seed, one image seed each) with the policy at model.checkpoint, recording the head's

@@ -1,6 +1,6 @@
 """Benchmark: training step times and host syncs per method, side by side in one process.
 
-    .venv/bin/python scripts/bench_step_time.py [--params params.yaml] [--steps 6] \
+    .venv/bin/python benchmarks/step_time.py [--params params.yaml] [--steps 6] \
         [--methods grpo_frozen,mar_grpo] [--device auto] [--dtype float32] \
         [--threads 1] [--syncs-detail 10] [--flops] [-S train.group_size=4]
 
@@ -48,12 +48,11 @@ import warnings
 
 import torch
 
-from torch.utils.flop_counter import FlopCounterMode
-
-from margrpo.benchtools import add_runtime_args, median, report_memory, resolve, sync
+from margrpo.benchtools import add_runtime_args, count_flops, head_flops, median, report_memory, resolve, sync
 from margrpo.config import load_params, parse_overrides
 from margrpo.hostsync import HostSyncCounter
-from margrpo.training.trainer import Batch, Trainer
+from margrpo.training.loop import train_step
+from margrpo.training.trainer import Trainer
 from margrpo.world.prompts import make_prompt_set
 
 
@@ -61,9 +60,9 @@ def timed_step(trainer: Trainer, device: torch.device) -> tuple[float, float, fl
     """(wall seconds, CPU seconds of this process, rollout seconds) of one training step."""
     sync(device)
     wall, cpu = time.perf_counter(), time.process_time()
-    out = trainer.train_step()
+    metrics, _ = train_step(trainer)
     sync(device)
-    return time.perf_counter() - wall, time.process_time() - cpu, out["time/rollout"]
+    return time.perf_counter() - wall, time.process_time() - cpu, metrics["time/rollout"]
 
 
 def count_syncs(trainer: Trainer, device: torch.device) -> tuple[HostSyncCounter, int | None]:
@@ -79,36 +78,10 @@ def count_syncs(trainer: Trainer, device: torch.device) -> tuple[HostSyncCounter
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, "default")
         with HostSyncCounter(tables) as counter:
-            trainer.train_step()
+            train_step(trainer)
     if device.type == "cuda":
         cuda_syncs = sum("synchroniz" in str(w.message) for w in caught)
     return counter, cuda_syncs
-
-
-def count_flops(trainer: Trainer) -> tuple[int, int, Batch]:
-    """(FLOPs of Trainer.collect, FLOPs of Trainer.compute_grads, the batch) of one more batch."""
-    with FlopCounterMode(display=False) as collect:
-        batch = trainer.collect()
-    with FlopCounterMode(display=False) as loss:
-        trainer.compute_grads(batch)
-    trainer.opt.zero_grad(set_to_none=True)
-    return collect.get_total_flops(), loss.get_total_flops(), batch
-
-
-def head_flops(policy) -> tuple[int, int] | None:
-    """(condition, apply) FLOPs of the head for one token row at one head step, or None for a
-    head that does not split (models/chains.py shared_guided_output)."""
-    if not hasattr(policy, "head_condition"):
-        return None
-    dev = next(policy.parameters()).device
-    t = torch.full((1,), policy.sampler.time_input(0), device=dev)
-    z = torch.zeros(1, policy.config.cond_dim, device=dev)  # TinyMAR, the one split head
-    x = torch.zeros(1, policy.token_dim, device=dev)
-    with torch.no_grad(), FlopCounterMode(display=False) as cond_fc:
-        cond = policy.head_condition(t, z)
-    with torch.no_grad(), FlopCounterMode(display=False) as apply_fc:
-        policy.head_apply(x, cond)
-    return cond_fc.get_total_flops(), apply_fc.get_total_flops()
 
 
 def print_flops(trainers: dict[str, Trainer], names: list[str]) -> None:

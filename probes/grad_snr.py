@@ -1,6 +1,6 @@
 """Gradient signal-to-noise of loss variants on the same rollouts, without training.
 
-    .venv/bin/python scripts/grad_snr.py --batches 6 \
+    .venv/bin/python probes/grad_snr.py --batches 6 \
         --variant "default:" \
         --variant "all_ar:train.loss_ar_steps=16,methods.mar_grpo.token_scope=committed"
 

@@ -1,7 +1,7 @@
 """The training-reward rise test, raw and paired with the base model on the same batches.
 
-    .venv/bin/python scripts/paired_reward_rise.py --method grpo_frozen
-    .venv/bin/python scripts/paired_reward_rise.py --method grpo_frozen \
+    .venv/bin/python probes/paired_reward_rise.py --method grpo_frozen
+    .venv/bin/python probes/paired_reward_rise.py --method grpo_frozen \
         --runs 'outputs/probes/frozen60_s{seed}'
 
 The training-reward rise test compares the mean training reward of the last 10 steps with the first 10

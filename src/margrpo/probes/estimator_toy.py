@@ -21,17 +21,18 @@ d log p_theta(x0) / d theta goes through the real code path: `draw_chains` and
 `chain_policy_terms` with advantage 1, autograd on a per-row copy of theta. Two independent
 draws per x0 give the conditional variance E[Var(est | x0)]; the exact score gives the bias.
 
-Usage: python scripts/estimator_toy.py [--n-x0 4000] [--seed 0]
+probes/estimator_toy.py prints the table (docs/method.md, the multi-trajectory estimators);
+tests/test_estimators.py checks the estimators on the same toy.
 """
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 
 from margrpo.models.samplers import DDPMSampler, gaussian_log_prob
-from margrpo.method.estimators import ESTIMATORS, chain_policy_terms, draw_chains, generator_noise
+from margrpo.method.estimators import ESTIMATORS, draw_chains, generator_noise
+from margrpo.method.losses import chain_policy_terms
 
 
 class LinearGaussianToy:
@@ -154,28 +155,3 @@ def table(n_x0: int = 4000, seed: int = 0, ms=(1, 4, 16, 64), toy: LinearGaussia
         for m in ((1,) if est == "single" else ms):
             rows.append(dict(estimator=est, M=m, **measure(toy, est, m, n_x0, seed + 1000 * m)))
     return rows
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n-x0", type=int, default=4000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--theta", type=float, default=0.5)
-    ap.add_argument("--s0", type=float, default=0.1)
-    ap.add_argument("--kappa", type=float, default=0.3)
-    ap.add_argument("--head", choices=("shift", "datamean"), default="shift")
-    args = ap.parse_args()
-    toy = LinearGaussianToy(args.theta, args.s0, args.kappa, args.head)
-    mu, var = toy.marginal(torch.tensor(args.theta, dtype=torch.float64))
-    print(f"toy: T={toy.num_steps} DDPM posterior variance, head={args.head}, theta={args.theta}, s0={args.s0}, kappa={args.kappa}; "
-          f"model x0 ~ N({float(mu):.4f}, {float(var):.4f}); n_x0={args.n_x0}, seed={args.seed}")
-    print(f"{'estimator':<10} {'M':>3} {'bias':>9} {'(se)':>8} {'rms_bias':>9} {'cond_var':>10} {'ESS':>6}")
-    rows = table(args.n_x0, args.seed, toy=toy)
-    for r in rows:
-        print(f"{r['estimator']:<10} {r['M']:>3} {r['bias']:>+9.4f} {r['se']:>8.4f} {r['rms_bias']:>9.4f} "
-              f"{r['cond_var']:>10.4f} {r['ess']:>6.2f}")
-    print(f"Var of the exact score over x0 ~ p_theta (Fisher information): {rows[0]['score_var']:.4f}")
-
-
-if __name__ == "__main__":
-    main()

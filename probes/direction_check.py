@@ -1,7 +1,7 @@
 """Does one batch's policy gradient raise the expected reward? A direct test of the
 learning signal on the real base and reward, free of optimizer and learning-rate choices.
 
-    .venv/bin/python scripts/direction_check.py --method grpo --batches 4 -S methods.grpo.freeze_head=true
+    .venv/bin/python probes/direction_check.py --method grpo --batches 4 -S methods.grpo.freeze_head=true
 
 For each of --batches training batches (drawn like a training step: prompts_per_step x
 group_size rollouts, rewards, group advantages, the method's loss plan; with --accumulate N,

@@ -5,7 +5,7 @@ Run inside a throwaway venv that has the official package (never the project's v
     # NOVA: the official diffnext package, installed from a `git archive` of baaivision/NOVA
     python3 -m venv /work/venvs/nova-official
     /work/venvs/nova-official/bin/pip install torch==2.13.0 /path/to/NOVA-export
-    PYTHONPATH=src:tests /work/venvs/nova-official/bin/python scripts/official_parity.py nova \
+    PYTHONPATH=src:tests /work/venvs/nova-official/bin/python probes/official_parity.py nova \
         --mar-grpo /path/to/mar-grpo-export
 
     # Harmon: wusize/Harmon has no setup.py; its source goes on PYTHONPATH
@@ -13,7 +13,7 @@ Run inside a throwaway venv that has the official package (never the project's v
     /work/venvs/harmon-official/bin/pip install torch==2.14.1 torchvision==0.29.1 \
         transformers==4.51.3 diffusers==0.33.1 timm einops mmengine
     PYTHONPATH=src:tests:/path/to/Harmon-export /work/venvs/harmon-official/bin/python \
-        scripts/official_parity.py harmon
+        probes/official_parity.py harmon
 
 Each run (1) builds the official model at full size on the meta device and writes its
 state-dict names and shapes to tests/data/<model>_manifest.json (tests/test_adapters.py

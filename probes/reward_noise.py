@@ -1,6 +1,6 @@
 """Step-to-step noise of the paired training reward of a fixed policy, by images per step.
 
-    .venv/bin/python scripts/reward_noise.py --policy outputs/probes/cos256_s0/final \
+    .venv/bin/python probes/reward_noise.py --policy outputs/probes/cos256_s0/final \
         --batches 32 --seed 0
 
 The training-reward test (report/learning.py reward_rise) compares 10-step windows of
@@ -25,7 +25,8 @@ from tqdm import tqdm
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
-from margrpo.training.trainer import Trainer, batch_metrics
+from margrpo.training.stepstats import batch_metrics
+from margrpo.training.trainer import Trainer
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Benchmark: time to sample N images (16 AR steps, 20 head steps, CFG) with the base model.
 
-    .venv/bin/python scripts/bench_sampling.py [--images 64] [--repeats 3] [--device auto] [--dtype float32]
+    .venv/bin/python benchmarks/sampling.py [--images 64] [--repeats 3] [--device auto] [--dtype float32]
 
 Times the rollout (vectorised counter-based draws, models/noise.py) after one warm-up.
 Prints each repeat, the median, and peak GPU memory on CUDA. Targets: 64 images <= 5 s on 2 CPU cores; 512 images <= 0.3 s

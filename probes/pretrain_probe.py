@@ -1,6 +1,6 @@
 """Pretraining probe: a short base-model run scored on the held-out prompts along the way.
 
-    .venv/bin/python scripts/pretrain_probe.py --steps 3000 --every 1000 --save outputs/pprobe/flow_s3 \
+    .venv/bin/python probes/pretrain_probe.py --steps 3000 --every 1000 --save outputs/pprobe/flow_s3 \
         -S model.sampler=flow -S model.flow_shift=3.0
 
 Outside DVC and MLflow: a way to compare samplers and schedules before a pretrain_base run.
