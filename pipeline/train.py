@@ -46,9 +46,9 @@ def checkpoint_dir(params, method: str, seed: int) -> Path:
     resolved = params.method(method)
     # The method's step count, batch, LR schedule and probe interval are in "train"
     # (train_for); paired_base only adds a measurement, so it enters the key only when set (a run
-    # without it has the key of a method block that does not name it). reads only picks the
-    # knob values, which are keyed (k, tau, num_trajectories).
-    unkeyed = set(IN_TRAIN) | {"reads"} | (set() if resolved.paired_base else {"paired_base"})
+    # without it has the key of a method block that does not name it). The knob values it runs
+    # with (k, tau, num_trajectories) are keyed.
+    unkeyed = set(IN_TRAIN) | (set() if resolved.paired_base else {"paired_base"})
     spec = {
         "method": resolved.model_dump(mode="json", exclude=unkeyed),
         "train": params.train_for(method).model_dump(mode="json", exclude={"seeds"}),

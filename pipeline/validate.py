@@ -8,8 +8,8 @@ every stage depends on this stage's stamp (reports/validated.txt), the stage is
   names and keys, a complete model.checkpoint), then the rules that the stages' code
   would otherwise enforce only once it runs (`params_rules`: prompts per step over the
   ranks, and what the world and the TinyMAR need of the image size and the model);
-- that dvc.yaml's train and evaluate stages run once per method of params.yaml (each
-  method's `reads`, which dvc.yaml lists, is checked with the rest of its block);
+- that dvc.yaml's train and evaluate stages run once per method of params.yaml, each train
+  stage listing the knobs its method reads (the blocks `python -m pipeline.dvcyaml` writes);
 - that the training checkpoints the retraining methods would resume from are complete (a
   truncated ckpt.pt otherwise fails every rerun until deleted by hand).
 On success it prints what this run will retrain and about how long that takes (from the
@@ -47,18 +47,20 @@ METHODS_FOREACH = "${methods}"
 
 
 def check_dvc_yaml(params, path: Path = Path("dvc.yaml")) -> list[str]:
-    """dvc.yaml's train and evaluate stages iterate over params.yaml's methods, so that the
-    methods and the stages cannot drift apart."""
+    """dvc.yaml's evaluate stage iterates over params.yaml's methods, and its generated blocks
+    (the train stages with the knobs each method reads, the plots) are those that
+    `python -m pipeline.dvcyaml` writes for params.yaml, so that the methods and the stages
+    cannot drift apart."""
+    from pipeline import dvcyaml
+
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
-    problems = []
-    for name in ("train", "evaluate"):
-        stage = stages.get(name)
-        foreach = stage.get("foreach") if isinstance(stage, dict) else None
-        if foreach != METHODS_FOREACH:
-            problems.append(f"dvc.yaml: stage {name} iterates over {foreach!r}, not over the methods of params.yaml "
-                            f"({', '.join(params.methods)})\n    fix: give it `foreach: {METHODS_FOREACH}` (a method "
-                            f"is then one block under `methods:` in params.yaml)")
-    return problems
+    stage = stages.get("evaluate")
+    foreach = stage.get("foreach") if isinstance(stage, dict) else None
+    if foreach != METHODS_FOREACH:
+        return [f"dvc.yaml: stage evaluate iterates over {foreach!r}, not over the methods of params.yaml "
+                f"({', '.join(params.methods)})\n    fix: give it `foreach: {METHODS_FOREACH}` (a method "
+                f"is then one block under `methods:` in params.yaml)"]
+    return dvcyaml.problems(params, path)
 
 
 def check_resume_checkpoints(params, methods: list[str]) -> list[str]:

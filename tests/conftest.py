@@ -16,9 +16,9 @@ TINY = {
     # Tiny-model tests compare numbers on the CPU, also on a GPU machine (CUDA tests ask for it).
     "runtime": {"device": "cpu"},
     "methods": {
-        "grpo": {"freeze_head": False, "reads": ["train", "train", "train"]},
+        "grpo": {"freeze_head": False},
         "mar_grpo": {"freeze_head": True, "estimator": "posterior", "topk": True, "consistency": True,
-                     "token_scope": "committed+speculative", "reads": ["k", "tau", "num_trajectories"]},
+                     "token_scope": "committed+speculative"},
     },
 }
 

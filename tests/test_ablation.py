@@ -20,16 +20,19 @@ TAGS = ("colors", "counting", "position")
 PROMPTS = [{"prompt": f"{tag} prompt {i}", "tag": tag, "category": None, "subset": "test", "pool": None}
            for tag in TAGS for i in range(4)]
 METHODS = {
-    "grpo": {"freeze_head": False, "estimator": "single", "reads": ["train"] * 3},
-    "grpo_frozen": {"freeze_head": True, "estimator": "single", "reads": ["train"] * 3},
-    "mar_grpo": {"freeze_head": True, "estimator": "resample", "topk": True, "reads": ["k", "tau", "num_trajectories"]},
-    "posterior": {"freeze_head": True, "estimator": "posterior", "topk": True,
-                  "reads": ["k", "num_trajectories", "train"]},
+    "grpo": {"freeze_head": False, "estimator": "single"},
+    "grpo_frozen": {"freeze_head": True, "estimator": "single"},
+    "mar_grpo": {"freeze_head": True, "estimator": "resample", "topk": True},
+    "posterior": {"freeze_head": True, "estimator": "posterior", "topk": True},
     "grpo_frozen_spec": {"freeze_head": True, "estimator": "single", "token_scope": "committed+speculative",
-                         "consistency": True, "reads": ["tau", "train", "train"]},
+                         "consistency": True},
 }
+CLAIMS = {"grpo": "grpo", "grpo_frozen": "grpo_frozen", "resample": "mar_grpo", "posterior": "posterior",
+          "speculative": "grpo_frozen_spec"}
+# the study's params.yaml as the grid reads it: knobs (the centre), methods and the claims' roles
+PARAMS = {"k": 0.3, "tau": 0.0, "num_trajectories": 4, "methods": METHODS, "claims": CLAIMS}
 SPEC = {"token_scope": "committed+speculative", "consistency": True}
-ROLE_OF = {m: role for role, m in ablation.roles(METHODS).items()}
+ROLE_OF = {m: role for role, m in ablation.roles(PARAMS).items() if role in ablation.LONG_ROLES}
 
 
 def _scores(shift: float = 0.0, per_seed: dict | None = None) -> dict:
@@ -72,7 +75,7 @@ def _grid_records() -> list[dict]:
 # ---- design --------------------------------------------------------------------------------
 
 def test_grid_is_one_factor_at_a_time_for_both_estimators():
-    points = ablation.grid(METHODS)
+    points = ablation.grid(PARAMS)
     by_arm = {arm: [p for p in points if p.arm == arm] for arm in ("k", "M", "tau", "long")}
     assert [p.value for p in by_arm["k"]] == [0.1, 0.5, 1.0]  # 0.3: the study itself
     assert [p.value for p in by_arm["M"]] == [2, 8]
@@ -80,20 +83,28 @@ def test_grid_is_one_factor_at_a_time_for_both_estimators():
     assert len(points) == 9 and len({p.name for p in points}) == 9
     assert all(p.methods == {"resample": "mar_grpo", "posterior": "posterior"} for p in points if p.arm != "long")
     tau = by_arm["tau"][0].overrides
-    # keys a method block does not list are added with DVC's "+"; reads is listed, so it is set
+    # keys a method block does not list are added with DVC's "+" (consistency makes a method read tau)
     assert tau[0] == "tau=-1" and "+methods.mar_grpo.token_scope=committed+speculative" in tau
-    assert "+methods.posterior.consistency=true" in tau
-    # posterior does not read tau: the arm makes it read tau in place of its free entry; mar_grpo already does
-    assert "methods.posterior.reads=[k,num_trajectories,tau]" in tau and not any("mar_grpo.reads" in o for o in tau)
+    assert "+methods.posterior.consistency=true" in tau and not any("reads" in o for o in tau)
     long = by_arm["long"][0]
     assert set(long.overrides) == {f"+methods.{m}.steps_factor=10" for m in ("grpo", "grpo_frozen", "mar_grpo",
                                                                              "posterior")}
 
 
-def test_grid_names_the_missing_estimator():
-    methods = {m: c for m, c in METHODS.items() if m != "posterior"}
-    with pytest.raises(ValueError, match="no method for posterior"):
-        ablation.grid(methods)
+def test_grid_centre_is_the_studys_knobs():
+    """The grid moves one knob away from params.yaml's values: a study at k = 0.5, M = 8 has
+    no point at its own k or M, and the tau arm holds its tau."""
+    points = ablation.grid({**PARAMS, "k": 0.5, "num_trajectories": 8, "tau": 0.25})
+    values = {arm: [p.value for p in points if p.arm == arm] for arm in ("k", "M", "tau")}
+    assert values == {"k": [0.1, 1.0], "M": [2], "tau": [-1.0, 0.25, 0.5]}
+    # the knobs absent from a params tree are the schema's defaults
+    assert [p.value for p in ablation.grid({"methods": METHODS, "claims": CLAIMS}) if p.arm == "k"] == [0.1, 0.5, 1.0]
+
+
+def test_grid_names_the_missing_role():
+    claims = {r: m for r, m in CLAIMS.items() if r != "posterior"}
+    with pytest.raises(ValueError, match="params.yaml claims has no method for posterior"):
+        ablation.grid({**PARAMS, "claims": claims})
 
 
 # ---- the report section and claim 4 --------------------------------------------------------------
@@ -103,7 +114,8 @@ def test_paired_differences_and_verdicts_per_knob():
     k = {s.method: s for s in ablation.series(records, "k")}
     # the c1 record never joins the c0 series: k = 1.0 is absent
     assert set(k["mar_grpo"].points) == {0.1, 0.3, 0.5}
-    parts = dict(ablation.comparisons(k["mar_grpo"], 0.3))
+    assert k["mar_grpo"].centre == 0.3  # the centre record's k
+    parts = dict(ablation.comparisons(k["mar_grpo"]))
     # a constant shift on every prompt and seed: the paired interval collapses onto it
     iv = parts[0.1].interval
     assert iv.point == pytest.approx(0.2) and iv.low == pytest.approx(0.2) and iv.high == pytest.approx(0.2)
@@ -113,7 +125,18 @@ def test_paired_differences_and_verdicts_per_knob():
     assert set(tau["mar_grpo"].points) == {0.0, 0.5} and tau["mar_grpo"].points[0.0][0] == "abl-tau0"
     # grpo_frozen_spec at tau = 0.5 compares with the study's own grpo_frozen_spec (tau = 0)
     assert tau["grpo_frozen_spec"].points[0.0][0] == "centre-c0"
-    assert dict(ablation.comparisons(tau["grpo_frozen_spec"], 0.0))[0.5].status == HOLDS
+    assert dict(ablation.comparisons(tau["grpo_frozen_spec"]))[0.5].status == HOLDS
+
+
+def test_the_centre_is_the_centre_records_knob():
+    """Comparisons are against the knob value of the study the experiments started from (its
+    centre record), whatever the grid's values."""
+    centre = _record("centre-c0", "centre", {"mar_grpo": ({}, _scores())}, k=0.5)
+    other = _record("abl-k0.3", "k", {"mar_grpo": ({}, _scores(-0.2))}, k=0.3)
+    (s,) = ablation.series([centre, other], "k")
+    assert s.centre == 0.5 and [p.text for _, p in ablation.comparisons(s)] == [
+        "GenEval overall, k=0.5 − k=0.3 (mar_grpo (resample))"]
+    assert "not yet run: k=0.1, k=1, tau=-1, tau=0, tau=0.5" in ablation.claim4([centre, other]).note
 
 
 def test_claim4_is_judged_on_resample_with_posterior_in_the_note():
@@ -150,7 +173,7 @@ def test_k0_is_the_centre_studys_grpo_frozen(tmp_path):
     assert set(k["mar_grpo"].points) == {0.0, 0.1, 0.3, 0.5} and set(k["posterior"].points) == {0.0, 0.1, 0.3, 0.5}
     assert k["mar_grpo"].points[0.0][0::2] == ("centre-c0", "grpo_frozen")
     assert "grpo_frozen_spec" not in k and "grpo_frozen" not in k
-    part = dict(ablation.comparisons(k["mar_grpo"], 0.3))[0.0]
+    part = dict(ablation.comparisons(k["mar_grpo"]))[0.0]
     assert part.text == "GenEval overall, k=0.3 − k=0 (grpo_frozen) (mar_grpo (resample))"
     assert part.interval.point == pytest.approx(-0.1) and part.status == FAILS  # k = 0 is better by 0.1
     assert ablation.claim4(records).status == FAILS

@@ -14,6 +14,8 @@ METHODS = {
     "grpo_frozen": {"freeze_head": True, "estimator": "single"},
     "mar_grpo": {"freeze_head": True, "estimator": "resample"},
 }
+# params.yaml `claims`: which method plays which role
+ROLES = {"grpo": "grpo", "grpo_frozen": "grpo_frozen", "resample": "mar_grpo"}
 
 
 def _train(kl: list[float], reward: list[float]) -> dict:
@@ -32,7 +34,7 @@ def test_mte_claim_compares_against_the_frozen_head_single_method():
     train = {"grpo": _train([0.05, 0.06, 0.07], [0.9, 0.91, 0.92]),
              "grpo_frozen": _train([0.01, 0.02, 0.03], [0.5, 0.51, 0.52]),
              "mar_grpo": _train([0.01, 0.02, 0.03], [0.6, 0.61, 0.62])}
-    claims = {c.number: c for c in build_claims(train, {}, METHODS, {})}
+    claims = {c.number: c for c in build_claims(train, {}, METHODS, ROLES, {})}
     # Claim 2 picks the frozen single-chain method (no MTE confound) and has no confound note.
     assert all("grpo_frozen" in p.text for p in claims[2].parts) and not claims[2].note
     assert claims[2].parts[0].status == HOLDS  # its final KL is lower than grpo's
@@ -44,9 +46,10 @@ def test_mte_claim_compares_against_the_frozen_head_single_method():
 
 def test_without_a_frozen_single_method_the_confound_is_named():
     methods = {k: v for k, v in METHODS.items() if k != "grpo_frozen"}
+    roles = {r: m for r, m in ROLES.items() if r != "grpo_frozen"}
     train = {"grpo": _train([0.05, 0.06, 0.07], [0.9, 0.91, 0.92]),
              "mar_grpo": _train([0.01, 0.02, 0.03], [0.6, 0.61, 0.62])}
-    claims = {c.number: c for c in build_claims(train, {}, methods, {})}
+    claims = {c.number: c for c in build_claims(train, {}, methods, roles, {})}
     assert "confounded" in claims[2].note
     reward = next(p for p in claims[3].parts if "final reward" in p.text)
     assert reward.text.endswith("− grpo") and reward.status == FAILS
@@ -55,16 +58,16 @@ def test_without_a_frozen_single_method_the_confound_is_named():
 @pytest.mark.parametrize("budget", [{"steps_factor": 3}, {"batch_factor": 2}, {"lr_schedule": "cosine"},
                                     {"warmup_frac": 0.25}])
 def test_a_method_trained_on_another_budget_is_left_out_of_the_claims(budget):
-    # listed first, so without the equal-budget rule claim 2 and 3 would pick it
+    # a role names it: without the equal-budget rule claims 2 and 3 would compare it
     methods = {"grpo_frozen_long": {"freeze_head": True, "estimator": "single", **budget}, **METHODS}
     train = {"grpo": _train([0.05, 0.06, 0.07], [0.9, 0.91, 0.92]),
              "grpo_frozen_long": _train([0.01, 0.02, 0.03], [0.9, 0.91, 0.92]),
              "grpo_frozen": _train([0.01, 0.02, 0.03], [0.5, 0.51, 0.52]),
              "mar_grpo": _train([0.01, 0.02, 0.03], [0.6, 0.61, 0.62])}
-    claims = build_claims(train, {}, methods, {})
+    claims = build_claims(train, {}, methods, {**ROLES, "grpo_frozen": "grpo_frozen_long"}, {})
     texts = [p.text for c in claims for p in c.parts]
     assert texts and not [t for t in texts if "grpo_frozen_long" in t]
-    assert any(t.endswith("grpo_frozen") for t in texts)
+    assert "confounded" in claims[1].note  # claim 2 falls back on the MTE method
 
 
 # ---- the interval rule for score parts (per-prompt scores) -----------------------------
@@ -140,7 +143,7 @@ def test_score_parts_use_the_paired_interval_where_per_prompt_scores_exist():
              for t in ("base", "grpo", "grpo_frozen", "mar_grpo")}
     per_prompt = {"base": _per_prompt(0.3), "grpo": _per_prompt(0.5), "grpo_frozen": _per_prompt(0.4, jitter=0.02),
                   "mar_grpo": _per_prompt(0.4)}
-    claims = {c.number: c for c in build_claims(train, evals, METHODS, {}, per_prompt)}
+    claims = {c.number: c for c in build_claims(train, evals, METHODS, ROLES, {}, per_prompt)}
     c3 = {p.text: p for p in claims[3].parts}
     geneval = c3["GenEval overall, mar_grpo − grpo_frozen"]
     assert geneval.interval is not None and geneval.d == pytest.approx(0.0, abs=1e-12)
@@ -151,11 +154,11 @@ def test_score_parts_use_the_paired_interval_where_per_prompt_scores_exist():
     assert c5["geneval/overall, mar_grpo − base"] == HOLDS and c5["geneval/overall, mar_grpo − grpo"] == FAILS
     assert c5["geneval/position, mar_grpo − base"] == HOLDS and claims[5].status == FAILS
     # control: without per-prompt scores the same comparisons fall back to the seed rule
-    fallback = {c.number: c for c in build_claims(train, evals, METHODS, {})}
+    fallback = {c.number: c for c in build_claims(train, evals, METHODS, ROLES, {})}
     geneval = next(p for p in fallback[3].parts if p.text.startswith("GenEval"))
     assert geneval.interval is None and geneval.status == UNSURE and geneval.score
     # a target without per_prompt.json (here grpo) uses the seed rule for its comparisons only
-    partial = {c.number: c for c in build_claims(train, evals, METHODS, {}, {**per_prompt, "grpo": None})}
+    partial = {c.number: c for c in build_claims(train, evals, METHODS, ROLES, {}, {**per_prompt, "grpo": None})}
     c5 = {p.text: p for p in partial[5].parts}
     assert c5["geneval/overall, mar_grpo − grpo"].interval is None
     assert c5["geneval/overall, mar_grpo − base"].interval is not None
@@ -163,7 +166,7 @@ def test_score_parts_use_the_paired_interval_where_per_prompt_scores_exist():
 
 def test_score_parts_pair_on_the_common_seeds():
     per_prompt = {"grpo_frozen": _per_prompt(0.3, seeds=("0", "1")), "mar_grpo": _per_prompt(0.4)}
-    claims = {c.number: c for c in build_claims({}, {}, METHODS, {}, per_prompt)}
+    claims = {c.number: c for c in build_claims({}, {}, METHODS, ROLES, {}, per_prompt)}
     part = next(p for p in claims[3].parts if p.text.startswith("GenEval"))
     assert part.interval.seeds == 2 and part.d == pytest.approx(0.1) and part.status == HOLDS
 

@@ -53,17 +53,17 @@ def test_dvc_params_exist():
 
 def test_methods_drive_the_train_and_evaluate_stages():
     """train@<m> and evaluate@<m> exist for exactly params.yaml's methods (DVC's own
-    resolution of dvc.yaml); train@<m> lists the knobs that m reads, which are those it
-    trains with, so `-S k=...` reruns only the methods that read k; no evaluation lists a knob."""
+    resolution of dvc.yaml); train@<m> lists the knobs that m's settings make it read
+    (knobs_read), which are those it trains with, so `-S k=...` reruns only the methods that
+    read k; no evaluation lists a knob."""
     from dvc.repo import Repo
 
-    from margrpo.config import KNOBS, KNOBS_OFF, READ_SLOTS
+    from margrpo.config import KNOBS, KNOBS_OFF, knobs_read
 
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    train = dvc["stages"]["train"]
-    assert train["foreach"] == dvc["stages"]["evaluate"]["foreach"] == "${methods}"
-    slots = [e for e in _stage_params(train["do"]) if "item" in e]
-    assert slots == [f"${{item.reads[{i}]}}" for i in range(READ_SLOTS)]
+    assert dvc["stages"]["evaluate"]["foreach"] == "${methods}"
+    assert [e for e in _stage_params(dvc["stages"]["train"]["do"]) if "item" in e] == [
+        f"${{item.{k}}}" for k in KNOBS]
     params = load_params(ROOT / "params.yaml")
     listed = {}
     with Repo(str(ROOT)) as repo:
@@ -75,14 +75,44 @@ def test_methods_drive_the_train_and_evaluate_stages():
     assert "evaluate_base" in listed
     for method in methods:
         reads = set(listed[f"train@{method}"]) & set(KNOBS)
-        assert reads == set(params.methods[method].reads) - {"train"}, method
+        assert reads == set(knobs_read(params.methods[method])), method
         resolved = params.method(method)
         for knob in KNOBS:
             want = getattr(params if knob in reads else KNOBS_OFF, knob)
             assert getattr(resolved, knob) == want, (method, knob)
         assert not listed[f"evaluate@{method}"] & set(KNOBS), method
     assert sorted(m for m in methods if "k" in listed[f"train@{m}"]) == ["mar_grpo", "posterior"]
+    assert sorted(m for m in methods if "tau" in listed[f"train@{m}"]) == ["grpo_frozen_spec"]
     assert listed["evaluate_base"] == listed["evaluate@grpo"]
+    # the role map is read by the report alone: changing it reruns no training or evaluation
+    assert "claims" in listed["report"] and not any("claims" in keys for n, keys in listed.items() if n != "report")
+
+
+def test_dvc_yaml_is_what_the_generator_writes_for_params_yaml(tmp_path):
+    """dvc.yaml's generated blocks (train stages, plots) match params.yaml; fails when a method
+    is added or its settings change without `python -m pipeline.dvcyaml`."""
+    from pipeline import dvcyaml
+
+    params = load_params(ROOT / "params.yaml")
+    text = (ROOT / "dvc.yaml").read_text()
+    assert dvcyaml.render(params, text) == text, "dvc.yaml is stale: run python -m pipeline.dvcyaml"
+    assert dvcyaml.problems(params, ROOT / "dvc.yaml") == []
+    # a method that comes to read k, and a new method, make it stale; the generator mends it
+    changed = load_params(ROOT / "params.yaml", {"methods.grpo.topk": True, "methods.extra": {"freeze_head": True}})
+    (problem,) = dvcyaml.problems(changed, ROOT / "dvc.yaml")
+    assert "train@grpo lists no knob but its settings read k, num_trajectories" in problem, problem
+    assert "no stage train@extra" in problem and "fix: python -m pipeline.dvcyaml" in problem, problem
+    (tmp_path / "dvc.yaml").write_text(text)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**shipped(), "methods": {
+        **shipped()["methods"], "grpo": {"freeze_head": False, "topk": True}, "extra": {"freeze_head": True}}},
+        sort_keys=False))
+    args = ["--params", str(tmp_path / "params.yaml"), "--dvc-yaml", str(tmp_path / "dvc.yaml")]
+    assert dvcyaml.main([*args, "--check"]) == 1 and dvcyaml.main(args) == 0 and dvcyaml.main([*args, "--check"]) == 0
+    written = yaml.safe_load((tmp_path / "dvc.yaml").read_text())
+    assert written["stages"]["train"]["foreach"]["grpo"] == {"k": "k", "tau": "train", "num_trajectories":
+                                                               "num_trajectories"}
+    assert "reports/eval/extra/grid.png" in written["plots"]
+    assert dvcyaml.problems(changed, tmp_path / "dvc.yaml") == []
 
 
 def test_top_level_plots_show_every_method():
@@ -100,8 +130,9 @@ def test_top_level_plots_show_every_method():
 
 
 def test_validate_refuses_a_stage_list_of_methods(tmp_path):
-    """The guard accepts the shipped dvc.yaml and refuses train / evaluate stages that list
-    methods by hand instead of iterating over params.yaml's."""
+    """The guard accepts the shipped dvc.yaml and refuses an evaluate stage that lists methods
+    by hand instead of iterating over params.yaml's, and a train stage outside the generated
+    block."""
     from pipeline.validate import check_dvc_yaml
 
     params = load_params(ROOT / "params.yaml")
@@ -112,3 +143,7 @@ def test_validate_refuses_a_stage_list_of_methods(tmp_path):
     (problem,) = check_dvc_yaml(params, tmp_path / "dvc.yaml")
     assert problem.startswith("dvc.yaml: stage evaluate iterates over {"), problem
     assert "fix: give it `foreach: ${methods}`" in problem, problem
+    text = (ROOT / "dvc.yaml").read_text()
+    (tmp_path / "dvc.yaml").write_text(text.replace("    # <<< generated (train)\n", ""))
+    (problem,) = check_dvc_yaml(params, tmp_path / "dvc.yaml")
+    assert "no generated block train" in problem and "python -m pipeline.dvcyaml" in problem, problem

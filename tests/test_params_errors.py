@@ -126,14 +126,13 @@ FILE_CASES = [
     ("unknown_nested", lambda t: add_key(t, "world", "seeed", "1"), "world.seeed"),
     ("unknown_method_key", lambda t: add_key(t, "methods.mar_grpo", "topkk", "true"), "methods.mar_grpo.topkk"),
     ("method_missing_key", lambda t: drop_key(t, "methods.grpo.freeze_head"), "methods.grpo.freeze_head"),
-    ("method_missing_reads", lambda t: drop_key(t, "methods.grpo.reads"), "methods.grpo.reads"),
-    ("reads_short", lambda t: set_key(t, "methods.grpo.reads", "[train, train]"), "methods.grpo.reads"),
-    ("reads_not_a_list", lambda t: set_key(t, "methods.grpo.reads", "k"), "methods.grpo.reads"),
-    ("reads_unknown", lambda t: set_key(t, "methods.mar_grpo.reads", "[k, tau, M]"), "methods.mar_grpo.reads.2"),
-    ("reads_twice", lambda t: set_key(t, "methods.mar_grpo.reads", "[k, k, num_trajectories]"),
-     "methods.mar_grpo.reads"),
-    ("reads_misses_used_knob", lambda t: set_key(t, "methods.grpo_frozen_spec.reads", "[train, train, train]"),
-     "methods.grpo_frozen_spec.reads"),
+    ("method_reads_no_longer", lambda t: add_key(t, "methods.grpo", "reads", "[train, train, train]"),
+     "methods.grpo.reads"),
+    ("claims_names_no_method", lambda t: set_key(t, "claims.resample", "mar_grpoo"), "claims.resample"),
+    ("claims_wrong_settings", lambda t: set_key(t, "claims.resample", "posterior"), "claims.resample"),
+    ("claims_committed_speculative", lambda t: set_key(t, "claims.speculative", "grpo_frozen"), "claims.speculative"),
+    ("claims_unknown_role", lambda t: add_key(t, "claims", "baseline", "grpo"), "claims.baseline"),
+    ("claims_not_a_name", lambda t: set_key(t, "claims.grpo", "[grpo]"), "claims.grpo"),
     ("methods_empty", lambda t: bad_methods(t, " {}"), "methods"),
     ("reward_weight_zero", lambda t: reward_entry(t, "{name: world, weight: 0, mode: partial}"), "rewards.0.weight"),
     ("reward_total_negative", lambda t: rewards_block(t, "  - {name: world, weight: -1.0, mode: partial}"), "rewards"),
@@ -282,7 +281,8 @@ def test_code_defaults_are_the_study_values():
     """One default per field: building params from the methods alone gives params.yaml
     (so a value changed in one place but not the other fails here, naming the key)."""
     shipped = yaml.safe_load(SHIPPED)
-    from_code = Params(methods=shipped["methods"]).model_dump()
+    # methods and the claims' roles, which name methods, have no default
+    from_code = Params(methods=shipped["methods"], claims=shipped["claims"]).model_dump()
     from_file = load_params(ROOT / "params.yaml").model_dump()
     differ = {k: (from_code[k], from_file[k]) for k in from_file if from_code[k] != from_file[k]}
     nested = {f"{k}.{f}": (a[f], b[f]) for k, (a, b) in differ.items() if isinstance(a, dict)
@@ -292,14 +292,15 @@ def test_code_defaults_are_the_study_values():
 
 def test_every_field_has_the_study_default_or_none():
     """Fields without a default are exactly those params.yaml must give (methods; a method's
-    freeze_head and reads, which dvc.yaml reads from the file); every other field's default is set."""
-    from margrpo.config import MethodConfig
+    freeze_head); every other field's default is set (a claims role: none, no method plays it)."""
+    from margrpo.config import ClaimsConfig, MethodConfig
 
     required = {name for name, f in Params.model_fields.items() if f.is_required()}
     assert required == {"methods"}
-    assert {name for name, f in MethodConfig.model_fields.items() if f.is_required()} == {"freeze_head", "reads"}
-    method = {"freeze_head": True, "reads": ["train"] * 3}
-    assert parse_params({"methods": {"m": method}}).methods["m"].estimator == "single"
+    assert {name for name, f in MethodConfig.model_fields.items() if f.is_required()} == {"freeze_head"}
+    assert all(f.default is None for f in ClaimsConfig.model_fields.values())
+    params = parse_params({"methods": {"m": {"freeze_head": True}}})
+    assert params.methods["m"].estimator == "single" and params.claims.roles() == {}
 
 
 def test_every_key_is_documented_in_the_schema():
@@ -321,10 +322,21 @@ def test_every_key_is_documented_in_the_schema():
     assert undocumented(Params, "") + undocumented(MethodConfig, "methods.<name>.") == []
 
 
-def test_reads_refusals_name_the_knob_and_the_fix():
-    with pytest.raises(ParamsError, match=r"methods.m.reads: missing: .*\n    fix: add `reads: \[train, train, "
-                       r"train\]`"):
-        parse_params({"methods": {"m": {"freeze_head": True}}})
-    with pytest.raises(ParamsError, match=r"leaves out tau, which this method uses \(consistency: true filters tokens "
-                       r"by tau\)\n    fix: name tau in reads in place of train"):
-        parse_params({"methods": {"m": {"freeze_head": True, "consistency": True, "reads": ["train"] * 3}}})
+def test_knobs_follow_from_a_methods_settings_and_roles_name_methods():
+    from margrpo.config import knobs_read
+
+    p = parse_params({"methods": {"g": {"freeze_head": False}, "r": {"freeze_head": True, "estimator": "resample"},
+                                  "t": {"freeze_head": True, "estimator": "posterior", "topk": True},
+                                  "c": {"freeze_head": True, "consistency": True}}})
+    assert {m: knobs_read(c) for m, c in p.methods.items()} == {
+        "g": (), "r": ("num_trajectories",), "t": ("k", "num_trajectories"), "c": ("tau",)}
+    assert (p.method("g").k, p.method("g").tau, p.method("g").num_trajectories) == (1.0, -1.0, 1)  # all off
+    assert (p.method("t").k, p.method("t").tau, p.method("t").num_trajectories) == (0.3, -1.0, 4)
+    with pytest.raises(ParamsError, match=r"methods.m.reads: is no longer a setting: .*\n    fix: delete the line"):
+        parse_params({"methods": {"m": {"freeze_head": True, "reads": ["train"] * 3}}})
+    with pytest.raises(ParamsError, match=r"claims.grpo: 'x' names no method of params.yaml's methods \(m\)\n    fix: "
+                       r"set it to the method that plays grpo, or delete the line"):
+        parse_params({"methods": {"m": {"freeze_head": True}}, "claims": {"grpo": "x"}})
+    with pytest.raises(ParamsError, match=r"claims.grpo: m does not have the settings of the role \(freeze_head: "
+                       r"true\)\n    fix: name a method with freeze_head: false"):
+        parse_params({"methods": {"m": {"freeze_head": True}}, "claims": {"grpo": "m"}})

@@ -4,7 +4,8 @@ repo (one `dvc repro`, committed, shared by every test of this module).
 - the study: every stage runs once, the guard first; report, metrics, plots, MLflow runs;
 - bad input: a rejected `dvc exp run -S` costs nothing (outputs, runs, checkpoints and
   params.yaml survive) and says what is wrong in a few lines, quickly;
-- ablations: each top-level knob reruns only MAR-GRPO's training, evaluation and report;
+- ablations: each top-level knob reruns only the training and evaluation of the methods
+  that read it, and the report;
 - the README's commands, as typed, on a fresh clone (no DVC cache, no mlflow.db);
 - faults: a stage killed with SIGTERM or SIGKILL, or its `dvc` killed alone, leaves no
   process behind, marks its MLflow runs KILLED, changes no committed file, and the rerun
@@ -210,10 +211,10 @@ def test_bad_input_is_refused_before_any_work_and_costs_nothing(study):
 def test_each_ablation_knob_reruns_only_the_methods_that_read_it(study):
     root = study.root
     text = (root / "params.yaml").read_text()
-    # k and M are the multi-trajectory methods' (both estimators); tau also filters
-    # grpo_frozen_spec's speculative tokens
+    # k and M are the multi-trajectory methods' (both estimators, topk); tau filters
+    # grpo_frozen_spec's speculative tokens (consistency), the one method that reads it
     mte = {"mar_grpo", "posterior"}
-    for knob, value, readers in (("k", 0.5, mte), ("tau", 0.5, {"mar_grpo", "grpo_frozen_spec"}),
+    for knob, value, readers in (("k", 0.5, mte), ("tau", 0.5, {"grpo_frozen_spec"}),
                                  ("num_trajectories", 3, mte)):
         params = yaml.safe_load(text)
         params[knob] = value

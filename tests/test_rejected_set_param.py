@@ -74,12 +74,13 @@ REJECTED = [
     (["model.kind=nova", "model.weights=/nonexistent/nova"], "model.weights: /nonexistent/nova: no such folder"),
     (["model.checkpoint=models/nonexist"], "model.checkpoint: models/nonexist: no such folder"),
     (["rewards=[{name:nope,weight:1.0}]"], "rewards.0.name: unknown reward 'nope'"),
-    # what dvc.yaml's train stage lists of a method (a block without `reads` DVC itself refuses
-    # while it parses dvc.yaml, before writing params.yaml)
-    (["methods.mar_grpo.reads.0=train"], "methods.mar_grpo.reads: ['train', 'tau', 'num_trajectories'] leaves out k"),
-    (["methods.grpo.reads.1=M"], "methods.grpo.reads.1: Input should be 'k', 'tau', 'num_trajectories' or 'train'"),
-    (["+methods.extra={freeze_head:true,topk:true,reads:[k,train,train]}"],
-     "methods.extra.reads: ['k', 'train', 'train'] leaves out num_trajectories"),
+    # what dvc.yaml's train stages list (written from params.yaml by python -m pipeline.dvcyaml):
+    # a -S cannot add a method or change the knobs one reads
+    (["+methods.grpo.topk=true"], "train@grpo lists no knob but its settings read k, num_trajectories"),
+    (["+methods.extra={freeze_head:true,topk:true}"], "no stage train@extra"),
+    (["+methods.grpo.reads=[k,train,train]"], "methods.grpo.reads: is no longer a setting"),
+    # the report's roles
+    (["claims.resample=grpo"], "claims.resample: grpo does not have the settings of the role (estimator: single)"),
     # rules the stages' code enforced only once running (validate.params_rules)
     (["runtime.nproc=3"], "runtime.nproc: 3 ranks cannot split the prompts of a training step"),
     (["runtime.nproc=32"], "runtime.nproc: 32 ranks cannot split"),

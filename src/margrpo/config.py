@@ -18,8 +18,10 @@ it before DVC deletes any output. Exit status 2 and the message, no traceback, w
 file does not validate.
 
 The three ablation knobs of method.md §3 are top-level keys (k, tau, num_trajectories) so
-that `dvc exp run -S k=0.3` works as typed; a method names the ones it reads (`reads`, which
-dvc.yaml's train stage lists as that method's params) and `Params.method` folds them into it.
+that `dvc exp run -S k=0.3` works as typed. Which of them a method reads follows from its
+settings (`knobs_read`); dvc.yaml's train stage lists those as the method's params (written
+by `python -m pipeline.dvcyaml`) and `Params.method` folds their values into the method.
+`claims` says which method plays which part in the report's claims; only the report reads it.
 """
 from __future__ import annotations
 
@@ -51,14 +53,12 @@ MTE_SCOPES = ("loss", "committed")
 BUDGET_KEYS = ("steps_factor", "batch_factor", "lr_schedule", "warmup_frac")
 # Every MethodConfig field that Params.train_for folds into the method's TrainConfig.
 IN_TRAIN = (*BUDGET_KEYS, "grad_probe_every")
-# The ablation knobs (top-level keys) and the entry of a method's `reads` that names none of
-# them: `train`, which every train stage lists anyway. DVC cannot splice a list into a
-# stage's `params:`, so dvc.yaml's train stage lists `reads` entry by entry: READ_SLOTS of them.
+# The ablation knobs (top-level keys), and the setting that makes a method read each one
+# (knobs_read: the token plan of method/plan.py takes the knob from a method of that setting).
 KNOBS = ("k", "tau", "num_trajectories")
-NO_KNOB = "train"
-READ_SLOTS = 3
-READS_FIX = ("add `reads: [train, train, train]` to the method if it reads none of k, tau, num_trajectories, "
-             "else name those it reads, e.g. [k, tau, num_trajectories] or [tau, train, train]")
+KNOB_READ_BY = {"k": "topk: true ranks tokens by the top-level k",
+                "tau": "consistency: true filters tokens by tau",
+                "num_trajectories": "topk: true or a multi-chain estimator draws num_trajectories chains"}
 # params.model keys that must equal a checkpoint's config.json (the rest are paths).
 ARCH_KEYS = ("patch_size", "width", "depth", "heads", "cond_dim", "head_width", "head_depth", "sampler",
              "flow_shift", "max_prompt_len")
@@ -66,7 +66,6 @@ CHECKPOINT_FIX = ("set model.checkpoint to a trained model folder (the study's m
                   "`git checkout -- models/base` restores it), or train one at {path} with `dvc repro pretrain_base`")
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
-ReadKey = Literal[(*KNOBS, NO_KNOB)]
 
 
 class MethodConfig(Strict):
@@ -105,44 +104,24 @@ class MethodConfig(Strict):
     paired_base: bool = Field(
         False, description="also roll out the base model (the KL reference) on each step's prompts and image "
         "seeds and log its reward (reward/base_mean, reward/vs_base): the control variate of the training-reward test")
-    reads: tuple[ReadKey, ...] = Field(  # READ_SLOTS entries (_has_reads)
-        description="the top-level knobs this method trains with (k, tau, num_trajectories), padded with `train` "
-        "to three entries; dvc.yaml's train stage lists them as the method's params, so changing a knob retrains "
-        "exactly the methods that read it. A knob the method does not read is off: k 1, tau -1, num_trajectories 1")
 
     @model_validator(mode="before")
     @classmethod
-    def _has_reads(cls, data: Any) -> Any:
-        # dvc.yaml reads `reads` from the file itself (no default can reach it) and lists
-        # exactly READ_SLOTS entries: name the fix rather than pydantic's tuple errors
-        if not isinstance(data, dict):
-            return data
-        if "reads" not in data:
-            raise problem("reads", f"missing: dvc.yaml's train stage lists a method's {READ_SLOTS} `reads` entries "
-                          "as its params", READS_FIX)
-        reads = data["reads"]
-        if not isinstance(reads, (list, tuple)) or len(reads) != READ_SLOTS:
-            raise problem("reads", f"{reads!r} is not a list of {READ_SLOTS} entries (dvc.yaml's train stage lists "
-                          f"{READ_SLOTS})", READS_FIX)
+    def _no_reads(cls, data: Any) -> Any:
+        # `reads` was a setting until dvc.yaml's train stage came to be written from the
+        # method's settings: name the fix rather than "unknown key"
+        if isinstance(data, dict) and "reads" in data:
+            raise problem("reads", "is no longer a setting: the knobs a method reads follow from its settings "
+                          f"({'; '.join(KNOB_READ_BY.values())})", "delete the line")
         return data
 
-    @model_validator(mode="after")
-    def _reads_what_it_uses(self) -> "MethodConfig":
-        knobs = [r for r in self.reads if r != NO_KNOB]
-        if len(set(knobs)) != len(knobs):
-            raise problem("reads", f"{list(self.reads)} names a knob twice",
-                          f"name each of {', '.join(KNOBS)} at most once and fill the rest with {NO_KNOB}")
-        # the knobs the token plan (method/plan.py) takes from a method of these settings
-        uses = {"k": self.topk, "num_trajectories": self.topk or self.estimator != "single", "tau": self.consistency}
-        unread = [k for k in KNOBS if uses[k] and k not in knobs]
-        if unread:
-            why = {"k": "topk: true ranks tokens by the top-level k",
-                   "num_trajectories": "its uncertainty or estimator chains number num_trajectories",
-                   "tau": "consistency: true filters tokens by tau"}
-            raise problem("reads", f"{list(self.reads)} leaves out {', '.join(unread)}, which this method uses "
-                          f"({'; '.join(why[k] for k in unread)})", f"name {', '.join(unread)} in reads in place "
-                          f"of {NO_KNOB}, so that changing {'it' if len(unread) == 1 else 'them'} retrains this method")
-        return self
+
+def knobs_read(m: MethodConfig) -> tuple[str, ...]:
+    """The ablation knobs (KNOBS order) a method trains with, from its settings (KNOB_READ_BY);
+    dvc.yaml's train@<method> lists them, so changing one retrains exactly the methods that
+    read it. A knob the method does not read is off (KNOBS_OFF)."""
+    uses = {"k": m.topk, "tau": m.consistency, "num_trajectories": m.topk or m.estimator != "single"}
+    return tuple(k for k in KNOBS if uses[k])
 
 
 BUDGET_DEFAULTS = {k: MethodConfig.model_fields[k].default for k in BUDGET_KEYS}
@@ -158,6 +137,41 @@ class Knobs(Strict):
 
 # What a method runs with for a knob it does not read: every token, no consistency filter, one chain.
 KNOBS_OFF = Knobs(k=1.0, tau=-1.0, num_trajectories=1)
+
+
+class ClaimsConfig(Strict):
+    """Which method of `methods` plays each part in the report's claims (method.md §6), the
+    ablation grid and the long run (report/claims.py, report/ablation.py). Read by the report
+    alone: changing it reruns no training or evaluation. A role left out (null) is played by
+    no method, and the claims that need it say so."""
+
+    grpo: str | None = Field(None, description="vanilla GRPO: head and transformer trained, one chain per token "
+                             "(claims 1, 2 and 5; the long run)")
+    grpo_frozen: str | None = Field(None, description="GRPO with the head frozen, one chain, committed tokens: the "
+                                    "reference that isolates the multi-trajectory estimate (claims 2, 3 and 6; the "
+                                    "ablation's k = 0 point; the long run)")
+    resample: str | None = Field(None, description="MAR-GRPO as the paper states it, the `resample` estimator "
+                                 "(claims 3 and 5; claim 4 through the ablation; the long run)")
+    posterior: str | None = Field(None, description="MAR-GRPO with the corrected `posterior` estimator (claim 4's "
+                                  "note through the ablation; the long run)")
+    speculative: str | None = Field(None, description="grpo_frozen plus the consistency-filtered speculative tokens "
+                                    "(claim 6)")
+
+    def roles(self) -> dict[str, str]:
+        """role -> method name, for the roles some method plays."""
+        return {role: name for role, name in self.model_dump().items() if name is not None}
+
+
+def _yaml(value: Any) -> str:
+    """A setting as params.yaml writes it (true / false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# What a role's method must be (claims.<role> names a method with these settings).
+ROLE_SETTINGS = {"grpo": {"freeze_head": False, "estimator": "single"},
+                 "grpo_frozen": {"freeze_head": True, "estimator": "single", "token_scope": "committed"},
+                 "resample": {"estimator": "resample"}, "posterior": {"estimator": "posterior"},
+                 "speculative": {"token_scope": "committed+speculative"}}
 
 
 class TrainConfig(Strict):
@@ -253,6 +267,7 @@ class Params(Knobs):
                                       "backends (docs/backends.md)")
     train: TrainConfig = TrainConfig()
     methods: dict[str, MethodConfig] = Field(min_length=1, description="the trained methods; no default")
+    claims: ClaimsConfig = ClaimsConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     runtime: RuntimeConfig = RuntimeConfig()
 
@@ -287,6 +302,16 @@ class Params(Knobs):
         if total <= 0:
             raise problem("rewards", f"the reward weights sum to {total:g}",
                            "make the total weight positive (a higher reward must mean a better image)")
+        for role, name in self.claims.roles().items():
+            if name not in self.methods:
+                raise problem(f"claims.{role}", f"{name!r} names no method of params.yaml's methods "
+                              f"({', '.join(self.methods)})", f"set it to the method that plays {role}, or delete the "
+                              "line (no method plays it)")
+            settings = self.methods[name].model_dump(mode="json")
+            if wrong := {k: v for k, v in ROLE_SETTINGS[role].items() if settings[k] != v}:
+                raise problem(f"claims.{role}", f"{name} does not have the settings of the role "
+                              f"({', '.join(f'{k}: {_yaml(settings[k])}' for k in wrong)})",
+                              f"name a method with {', '.join(f'{k}: {_yaml(v)}' for k, v in wrong.items())}")
         return self
 
     def reward_specs(self) -> list[dict[str, Any]]:
@@ -314,7 +339,7 @@ class Params(Knobs):
         if name not in self.methods:
             raise ParamsError(f"unknown method {name!r}; params.yaml methods: {sorted(self.methods)}")
         m = self.methods[name]
-        knobs = {key: getattr(self if key in m.reads else KNOBS_OFF, key) for key in KNOBS}
+        knobs = {key: getattr(self if key in knobs_read(m) else KNOBS_OFF, key) for key in KNOBS}
         return ResolvedMethod(name=name, **m.model_dump(), **knobs)
 
 

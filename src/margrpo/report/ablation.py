@@ -1,15 +1,19 @@
 """The ablation grid of claim 4 and the long run: their design, their committed records, and
 the report's section on them.
 
-Design (`grid`): one factor at a time around the study's defaults (k = 0.3, M = 4, committed
-tokens only), each experiment retraining both multi-trajectory estimators, the paper's
-`resample` and the corrected `posterior`:
-- k in {0.1, 0.5, 1.0}; the study itself is the point k = 0.3, its grpo_frozen the point k = 0;
-- num_trajectories M in {2, 8}; the study is M = 4;
-- tau in {-1, 0, 0.5}: tau filters speculative tokens only, so this arm scores the committed
-  tokens plus the speculative ones that pass the consistency filter (token_scope
-  committed+speculative, consistency on); tau = -1 keeps every speculative token (filter off);
-- the long run: grpo, grpo_frozen and the two estimators for LONG_FACTOR x train.steps steps.
+Design (`grid`): one factor at a time around the study (its centre: params.yaml's k,
+num_trajectories and tau, with committed tokens only), each experiment retraining the methods
+of both multi-trajectory estimators (the roles of params.yaml's `claims`: the paper's
+`resample` and the corrected `posterior`), at the values OTHER_VALUES sets besides the centre's:
+- k in {0.1, 0.5, 1.0}; the study itself is the point at its k, its grpo_frozen the point k = 0;
+- num_trajectories M in {2, 8}; the study is the point at its M;
+- tau in {-1, 0.5} and the study's tau: tau filters speculative tokens only, so this arm
+  scores the committed tokens plus the speculative ones that pass the consistency filter
+  (token_scope committed+speculative, consistency on), its centre included; tau = -1 keeps
+  every speculative token (filter off). Consistency makes a method read tau, so dvc.yaml must
+  list tau for it (python -m pipeline.dvcyaml on params.yaml with those settings) before
+  this arm runs: `-S` alone cannot change what a stage reads;
+- the long run: the methods of the roles LONG_ROLES for LONG_FACTOR x train.steps steps.
 A full product (4 k x 3 M x 3 tau) would be 36 experiments against these 9.
 
 Records (scripts/ablation.py writes them from finished DVC experiments; this module only
@@ -23,7 +27,9 @@ experiments started from. A record holds
 for the methods the experiment retrained (the centre: every method of the study). `code` is
 a fingerprint of what the training and evaluation stages read except the grid's knobs: two
 points are compared only when their fingerprints, method blocks and other knobs are equal,
-so every comparison differs in one knob and is paired by seed, prompt and image seed.
+so every comparison differs in one knob and is paired by seed, prompt and image seed. The
+centre value of a knob is the centre record's (the study the experiments of that code
+started from).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from margrpo.config import BUDGET_DEFAULTS, NO_KNOB
+from margrpo.config import BUDGET_DEFAULTS, KNOBS, ClaimsConfig, Knobs
 from margrpo.report.blocks import BLOCKS, block_stats
 from margrpo.report.curves import train_stats
 from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, UNSURE, Claim, Part, build_claims, interval_part,
@@ -43,14 +49,15 @@ from margrpo.report.render import Figure, Section, Table
 from margrpo.stats import mean_std
 
 OVERALL = "eval/geneval/overall"
-ESTIMATORS = ("resample", "posterior")
-# claim 4 (method.md §6): "k = 0.3 is the best trade-off; tau = 0 is best"; M = 4 the study's.
-CENTRE = {"k": 0.3, "num_trajectories": 4, "tau": 0.0}
-K_VALUES, M_VALUES, TAU_VALUES = (0.1, 0.3, 0.5, 1.0), (2, 4, 8), (-1.0, 0.0, 0.5)
+# The roles (params.yaml `claims`) whose estimator the grid varies the knobs of.
+ABLATED_ESTIMATORS = ("resample", "posterior")
+# The values each arm sets besides the centre's (the study's own k, num_trajectories and tau).
+OTHER_VALUES = {"k": (0.1, 0.5, 1.0), "num_trajectories": (2, 8), "tau": (-1.0, 0.5)}
 KNOB_LABEL = {"k": "k (top uncertain fraction)", "num_trajectories": "M (trajectories)", "tau": "tau (consistency)"}
 SPECULATIVE = {"token_scope": "committed+speculative", "consistency": "true"}
 LONG_FACTOR = 10
-LONG_ROLES = ("grpo", "grpo_frozen", "resample", "posterior")
+# The roles (params.yaml `claims`) whose methods the long run trains for LONG_FACTOR x train.steps.
+LONG_ROLES = ("grpo", "grpo_frozen", *ABLATED_ESTIMATORS)
 # Per-step keys kept in a record: the long run's curves and the claims 1-2 statistics.
 HISTORY_KEYS = ("reward/mean", "judge/correct", "loss/kl", "diag/grad_norm_ar", "diag/grad_norm_head", "time/step",
                 "probe/var_ratio_vs_single", "probe/snr")
@@ -75,58 +82,45 @@ class Point:
     methods: dict = field(default_factory=dict, compare=False)
 
 
-def roles(methods: Mapping[str, Mapping]) -> dict[str, str]:
-    """role -> the first method of params.yaml's `methods` that plays it, among those at the
-    study's budget: grpo (head trained, single chain), grpo_frozen (head frozen, single
-    chain, committed tokens), resample / posterior (head frozen, that estimator on the
-    top-k tokens, committed tokens)."""
-    out: dict[str, str] = {}
-    for name, c in methods.items():
-        if any(c.get(k, v) != v for k, v in BUDGET_DEFAULTS.items()):
-            continue
-        plain = c.get("token_scope", "committed") == "committed" and not c.get("consistency", False)
-        est = c.get("estimator", "single")
-        if est == "single" and plain:
-            out.setdefault("grpo_frozen" if c.get("freeze_head") else "grpo", name)
-        elif est in ESTIMATORS and plain and c.get("freeze_head") and c.get("topk"):
-            out.setdefault(est, name)
-    return out
+def roles(params: Mapping) -> dict[str, str]:
+    """role -> method, from the `claims` section of a raw params tree (params.yaml as loaded;
+    ClaimsConfig says what each role is); the roles no method plays are left out."""
+    if "methods" not in params:
+        raise TypeError("roles() takes the whole params tree (params.yaml as loaded, with its `claims`), not its "
+                        "`methods` alone")
+    return ClaimsConfig.model_validate(params.get("claims") or {}).roles()
 
 
-def grid(methods: Mapping[str, Mapping]) -> list[Point]:
-    """The experiments of the ablation and the long run for params.yaml's `methods`
-    (module docstring). ValueError names a role the study lacks and the fix."""
-    r = roles(methods)
+def arm_values(knob: str, centre: float) -> tuple[float, ...]:
+    """The knob values of an arm: OTHER_VALUES' but the centre (the study itself), and in the
+    tau arm the centre too (its speculative tokens make the centre an experiment of its own)."""
+    values = set(OTHER_VALUES[knob])
+    return tuple(sorted(values | {centre} if knob == "tau" else values - {centre}))
+
+
+def grid(params: Mapping) -> list[Point]:
+    """The experiments of the ablation and the long run for a raw params tree (params.yaml as
+    loaded: its `methods`, `claims` and knobs; module docstring). ValueError names a role the
+    study lacks and the fix."""
+    r, methods = roles(params), params["methods"]
     missing = [x for x in LONG_ROLES if x not in r]
     if missing:
         raise ValueError(
-            f"params.yaml methods has no method for {', '.join(missing)}: the grid needs, at the study's budget, "
-            "grpo (freeze_head: false), grpo_frozen (freeze_head: true, estimator: single) and a frozen-head top-k "
-            "method per estimator (estimator: resample and estimator: posterior, topk: true); add the missing one to "
-            "params.yaml's methods (dvc.yaml's stages iterate over them) and commit the study with it (dvc repro) "
-            "before queueing")
-    mte = {e: r[e] for e in ESTIMATORS}
-    points = [Point(f"abl-k{v:g}", "k", v, (f"k={v:g}",), mte) for v in K_VALUES if v != CENTRE["k"]]
-    points += [Point(f"abl-m{v}", "M", v, (f"num_trajectories={v}",), mte) for v in M_VALUES
-               if v != CENTRE["num_trajectories"]]
+            f"params.yaml claims has no method for {', '.join(missing)}: the grid retrains the methods of the roles "
+            f"{', '.join(LONG_ROLES)} (ClaimsConfig in src/margrpo/config.py says what each is); add the method to "
+            "params.yaml's methods if it is missing (then python -m pipeline.dvcyaml), name it under claims, and "
+            "commit the study with it (dvc repro) before queueing")
+    centre = Knobs.model_validate({k: params[k] for k in KNOBS if k in params})
+    mte = {e: r[e] for e in ABLATED_ESTIMATORS}
+    points = [Point(f"abl-k{v:g}", "k", v, (f"k={v:g}",), mte) for v in arm_values("k", centre.k)]
+    points += [Point(f"abl-m{v}", "M", v, (f"num_trajectories={v}",), mte)
+               for v in arm_values("num_trajectories", centre.num_trajectories)]
     spec = tuple(_set(m, methods[m], key, val) for m in mte.values() for key, val in SPECULATIVE.items())
-    spec += tuple(o for m in mte.values() for o in _reading_tau(m, methods[m]))
-    points += [Point(f"abl-tau{v:g}", "tau", v, (f"tau={v:g}", *spec), mte) for v in TAU_VALUES]
+    points += [Point(f"abl-tau{v:g}", "tau", v, (f"tau={v:g}", *spec), mte) for v in arm_values("tau", centre.tau)]
     long = {x: r[x] for x in LONG_ROLES}
     points.append(Point(f"long-x{LONG_FACTOR}", "long", LONG_FACTOR,
                         tuple(_set(m, methods[m], "steps_factor", LONG_FACTOR) for m in long.values()), long))
     return points
-
-
-def _reading_tau(name: str, config: Mapping) -> tuple[str, ...]:
-    """The override that makes a method read tau (its `reads` names the knobs it trains
-    with; the consistency filter needs tau), in place of an entry that names no knob (three
-    entries and tau not among them: one at least names none)."""
-    reads = list(config.get("reads") or [])
-    if not reads or "tau" in reads:
-        return ()
-    reads[reads.index(NO_KNOB)] = "tau"
-    return (_set(name, config, "reads", f"[{','.join(reads)}]"),)
 
 
 def _set(name: str, config: Mapping, key: str, value) -> str:
@@ -149,15 +143,22 @@ def read_records(folder: Path) -> list[dict]:
 @dataclass
 class Series:
     """The points of one method that differ in `knob` alone (same code, method block and
-    other knobs): value -> (record name, per-prompt scores, method name)."""
+    other knobs): value -> (record name, per-prompt scores, method name); centre: the knob's
+    value in the study the points' experiments started from (None without its record)."""
     knob: str
     method: str
     role: str | None
     points: dict[float, tuple[str, dict, str]]
+    centre: float | None = None
 
     @property
     def label(self) -> str:
         return self.method if not self.role or self.role == self.method else f"{self.method} ({self.role})"
+
+
+def centres(records: list[dict]) -> dict[str, dict]:
+    """code -> the knobs of the study its experiments started from (the centre record)."""
+    return {rec["code"]: rec["knobs"] for rec in records if rec["arm"] == "centre"}
 
 
 def series(records: list[dict], knob: str) -> list[Series]:
@@ -165,6 +166,7 @@ def series(records: list[dict], knob: str) -> list[Series]:
     series of an estimator also gets the point k = 0 (no token scored by several chains:
     grpo_frozen of the centre study among its points: same code, seeds and token scope)."""
     groups: dict[str, Series] = {}
+    centre = centres(records)
     for rec in records:
         if rec["arm"] == "long":
             continue
@@ -173,11 +175,12 @@ def series(records: list[dict], knob: str) -> list[Series]:
                 continue
             others = {k: v for k, v in rec["knobs"].items() if k not in (knob, "seeds")}
             key = json.dumps([rec["code"], m, entry["config"], others], sort_keys=True)
-            s = groups.setdefault(key, Series(knob, m, entry.get("role"), {}))
+            value = centre.get(rec["code"], {}).get(knob)
+            s = groups.setdefault(key, Series(knob, m, entry.get("role"), {}, None if value is None else float(value)))
             s.points.setdefault(float(rec["knobs"][knob]), (rec["name"], entry["per_prompt"], m))
     if knob == "k":
         for s in groups.values():
-            if s.role in ESTIMATORS and (zero := _frozen_centre(records, s)):
+            if s.role in ABLATED_ESTIMATORS and (zero := _frozen_centre(records, s)):
                 s.points.setdefault(0.0, zero)
     return [s for s in groups.values() if len(s.points) > 1]
 
@@ -200,9 +203,10 @@ def _cell(iv, signed: bool = False) -> str:
     return iv.cell(signed) if iv.seeds > 1 else f"{iv.cell(signed)} (one seed: prompts only)"
 
 
-def comparisons(s: Series, centre: float) -> list[tuple[float, Part]]:
+def comparisons(s: Series) -> list[tuple[float, Part]]:
     """Parts "centre − value" of a series for every value but the centre (none when the
     series lacks the centre value)."""
+    centre = s.centre
     if centre not in s.points:
         return []
     _, pp_c, _ = s.points[centre]
@@ -217,15 +221,18 @@ def comparisons(s: Series, centre: float) -> list[tuple[float, Part]]:
 
 def claim4(records: list[dict]) -> Claim | None:
     """Claim 4 (claims.knob_claim) from every series of the two estimators that holds the
-    centre value: k = 0.3 against every other k, tau = 0 against every other tau."""
-    parts: dict[str, list[Part]] = {e: [] for e in ESTIMATORS}
+    centre value: the study's k (0.3, the paper's) against every other k, its tau (0)
+    against every other tau."""
+    parts: dict[str, list[Part]] = {e: [] for e in ABLATED_ESTIMATORS}
     ran = set()
     for knob in ("k", "tau"):
         for s in series(records, knob):
             if s.role in parts:
-                parts[s.role] += [p for _, p in comparisons(s, CENTRE[knob])]
+                parts[s.role] += [p for _, p in comparisons(s)]
                 ran |= {(knob, v) for v in s.points}
-    todo = [f"{k}={v:g}" for k, values in (("k", K_VALUES), ("tau", TAU_VALUES)) for v in values if (k, v) not in ran]
+    planned = {(k, float(v)) for c in centres(records).values() for k in ("k", "tau")
+            for v in (c[k], *arm_values(k, c[k]))}
+    todo = [f"{k}={v:g}" for k, v in sorted(planned, key=lambda kv: (kv[0] != "k", kv[1])) if (k, v) not in ran]
     return knob_claim(parts, todo)
 
 
@@ -241,17 +248,17 @@ def grid_table(records: list[dict]) -> tuple[Table, list[tuple[str, dict[str, li
     verdict) and the figure's panels."""
     rows, panels = [], []
     by_name = {r["name"]: r for r in records}
-    for knob in ("k", "num_trajectories", "tau"):
+    for knob in KNOB_LABEL:
         lines: dict[str, list] = {}
         for s in series(records, knob):
-            diffs = dict(comparisons(s, CENTRE[knob]))
+            diffs = dict(comparisons(s))
             for v, (name, pp, method) in sorted(s.points.items()):
                 iv = score_interval(pp, OVERALL)
                 if iv is not None:
                     lines.setdefault(s.label, []).append((v, iv.point, iv.low, iv.high))
                 part = diffs.get(v)
                 if part is None:
-                    diff = "centre" if v == CENTRE[knob] else "–"
+                    diff = "centre" if v == s.centre else "–"
                 else:  # the part is centre − value; the table reads value − centre
                     iv_d = part.interval
                     diff = (f"{0.0 - iv_d.point:+.3f} [{0.0 - iv_d.high:+.3f}, {0.0 - iv_d.low:+.3f}] "
@@ -325,7 +332,8 @@ def long_claims(rec: dict) -> tuple[list[Claim], bool]:
     histories = {m: h for m, h in _histories(rec).items() if m in configs and h}
     one_seed = bool(histories) and all(len(h) == 1 for h in histories.values())
     stats = {m: block_stats(next(iter(h.values()))) if one_seed else train_stats(h) for m, h in histories.items()}
-    claims = [c for c in build_claims(stats, {}, configs, {}) if c.number in (1, 2)]
+    roles = {e["role"]: m for m, e in rec["methods"].items() if m in configs}
+    claims = [c for c in build_claims(stats, {}, configs, roles, {}) if c.number in (1, 2)]
     if one_seed:
         for part in (p for c in claims for p in c.parts):
             part.needed = None  # blocks, not seeds: no seed count follows from their spread
@@ -348,6 +356,12 @@ def note_long_verdicts(claims: list[Claim], records: list[dict]) -> None:
                 main.note = f"{main.note}; {line}" if main.note else line
 
 
+def _centre_text(records: list[dict], knobs: tuple[str, ...]) -> str:
+    """'k = 0.3, M = 4, ' for the centre record's knobs (the first centre's), '' without one."""
+    c = next(iter(centres(records).values()), None)
+    return "".join(f"{KNOB_LABEL[k].split()[0]} = {c[k]:g}, " for k in knobs) if c else ""
+
+
 def section(records: list[dict], figures: Path) -> tuple[list[Section], Claim | None, dict]:
     """The report's ablation sections (the grid, then one per long run), claim 4 and the
     summary.json entries (`ablation`: '<experiment>/<method>' -> GenEval overall);
@@ -360,10 +374,12 @@ def section(records: list[dict], figures: Path) -> tuple[list[Section], Claim | 
     if table.rows:
         sec = Section("Ablations: k, M and tau", [
             "Committed records of the ablation experiments (reports/ablation/, written by python "
-            "scripts/ablation.py from the finished DVC experiments). One knob at a time around the study (k = 0.3, "
-            "M = 4, committed tokens); the tau rows score the committed tokens plus the speculative ones that pass "
-            "the consistency filter (tau = -1 keeps all of them). A row's difference is paired with the centre "
-            "value of its knob (k = 0.3, M = 4, tau = 0) on the same seeds, prompts and image seeds; verdicts by "
+            f"scripts/ablation.py from the finished DVC experiments). One knob at a time around the study "
+            f"({_centre_text(records, ('k', 'num_trajectories'))}committed tokens); the tau rows score the "
+            "committed tokens plus the speculative ones that pass the consistency filter (tau = -1 keeps all of "
+            f"them). A row's difference is paired with the centre value of its knob "
+            f"({_centre_text(records, tuple(KNOB_LABEL)).removesuffix(', ') or 'the study'}) on the same seeds, prompts "
+            "and image seeds; verdicts by "
             f"the claims' rule (δ = {DELTA}: '{NO_DIFF}' when the interval lies within ±δ). Points are compared "
             "only when everything but the knob is equal (code, other params, method block)."], [table],
             anchor="ablation")

@@ -62,7 +62,8 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     base_reward = json.loads(baseline.read_text()).get("baseline/reward_mean") if baseline.exists() else None
     stats = {m: train_stats(h) for m, h in histories.items()}
     timing = {m: stats[m]["final"].get("time/step", []) for m in methods}
-    claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods}, timing, per_prompt)
+    claims = build_claims(stats, eval_values, {m: params.methods[m].model_dump() for m in methods},
+                          params.claims.roles(), timing, per_prompt)
     # The ablation experiments' committed records (reports/ablation/): their section and claim 4.
     records = ablation.read_records(reports / "ablation")
     ablation_sections, knob_claim, ablation_summary = ablation.section(records, figures)

@@ -215,16 +215,16 @@ def _neg(vals: list[float] | None) -> list[float] | None:
     return None if vals is None else [-v for v in vals]
 
 
-def _speculative_claim(train: dict, evals: dict, methods: dict, per_prompt: dict | None = None) -> Claim:
+def _speculative_claim(train: dict, evals: dict, roles: dict, per_prompt: dict | None = None) -> Claim:
     """Claim 6 (method.md §3.3): the authors' speculative loss tokens add noise. Compares the
-    committed-only frozen-head method with the one that differs only in token_scope."""
+    committed-only frozen-head method (role grpo_frozen) with the one that adds the filtered
+    speculative tokens (role speculative)."""
     c6 = Claim(6, "Scoring only committed tokens beats adding the consistency-filtered speculative tokens "
                   "(method.md §3.3; the authors' NOVA code adds them)")
-    spec = next((m for m, c in methods.items() if "speculative" in c.get("token_scope", "")), None)
-    committed = next((m for m, c in methods.items() if spec and c.get("token_scope", "committed") == "committed"
-                      and all(c.get(k) == methods[spec].get(k) for k in ("freeze_head", "estimator"))), None)
+    spec, committed = roles.get("speculative"), roles.get("grpo_frozen")
     if not spec or not committed:
-        c6.note = "needs a committed-only method and one that adds speculative tokens with the same head and estimator"
+        c6.note = ("needs the roles grpo_frozen and speculative (params.yaml claims): a committed-only method and one "
+                   "that adds speculative tokens with the same head and estimator")
         return c6
 
     def tr(method, key):
@@ -241,16 +241,19 @@ def _speculative_claim(train: dict, evals: dict, methods: dict, per_prompt: dict
     return c6
 
 
-def build_claims(train: dict, evals: dict, methods: dict, timing: dict,
+def build_claims(train: dict, evals: dict, methods: dict, roles: dict[str, str], timing: dict,
                  per_prompt: dict[str, dict] | None = None) -> list[Claim]:
     """train: method -> {'growth': {metric: [per seed]}, 'final': {metric: [per seed]}};
-    evals: target -> {metric: [per replicate]}; methods: name -> MethodConfig dict;
+    evals: target -> {metric: [per replicate]}; methods: name -> MethodConfig dict; roles:
+    role -> method (params.yaml `claims`: grpo, grpo_frozen, resample, speculative);
     timing: method -> [time/step per seed]; per_prompt: target -> its per_prompt.json
     (targets without one use the seed rule for their scores)."""
 
     # Every comparison is at the same training budget and schedule: a method trained longer,
     # on larger batches or under its own LR schedule is in the report's tables, not the claims.
-    methods = {m: c for m, c in methods.items() if all(c.get(k, v) == v for k, v in BUDGET_DEFAULTS.items())}
+    roles = {r: m for r, m in roles.items()
+             if m in methods and all(methods[m].get(k, v) == v for k, v in BUDGET_DEFAULTS.items())}
+    grpo, frozen, mte = roles.get("grpo"), roles.get("grpo_frozen"), roles.get("resample")
 
     def tr(method, kind, key):
         return train.get(method, {}).get(kind, {}).get(key)
@@ -260,53 +263,53 @@ def build_claims(train: dict, evals: dict, methods: dict, timing: dict,
 
     claims = []
     c1 = Claim(1, "End-to-end GRPO on MAR is unstable: KL and gradient norm grow (reward saturates or collapses)")
-    c1.parts = [one_sample("grpo KL, final − early window", tr("grpo", "growth", "loss/kl")),
-                one_sample("grpo AR grad norm, final − early", tr("grpo", "growth", "diag/grad_norm_ar"))]
-    drop = tr("grpo", "final", "reward/peak_drop")
-    c1.note = "" if not drop else f"reward drop from peak (final window vs best step): {sum(drop) / len(drop):.3f}"
+    if grpo:
+        c1.parts = [one_sample(f"{grpo} KL, final − early window", tr(grpo, "growth", "loss/kl")),
+                    one_sample(f"{grpo} AR grad norm, final − early", tr(grpo, "growth", "diag/grad_norm_ar"))]
+        drop = tr(grpo, "final", "reward/peak_drop")
+        c1.note = "" if not drop else f"reward drop from peak (final window vs best step): {sum(drop) / len(drop):.3f}"
     claims.append(c1)
 
-    frozen = next((m for m, c in methods.items() if c.get("freeze_head") and c.get("estimator") == "single"), None)
-    other = frozen or next((m for m, c in methods.items() if c.get("freeze_head")), None)
+    # Without a frozen-head single-chain method, the frozen-head MTE method stands in (confounded).
+    other = frozen or mte
     c2 = Claim(2, "Freezing the diffusion head stabilises training")
-    if other:
-        c2.parts = [compare(f"final KL, grpo − {other}", _neg(tr(other, "final", "loss/kl")), _neg(tr("grpo", "final", "loss/kl"))),
-                    compare(f"AR grad-norm growth, grpo − {other}", _neg(tr(other, "growth", "diag/grad_norm_ar")),
-                            _neg(tr("grpo", "growth", "diag/grad_norm_ar")))]
+    if other and grpo:
+        c2.parts = [compare(f"final KL, {grpo} − {other}", _neg(tr(other, "final", "loss/kl")),
+                            _neg(tr(grpo, "final", "loss/kl"))),
+                    compare(f"AR grad-norm growth, {grpo} − {other}", _neg(tr(other, "growth", "diag/grad_norm_ar")),
+                            _neg(tr(grpo, "growth", "diag/grad_norm_ar")))]
         if not frozen:
             c2.note = f"{other} also uses MTE: head freezing and MTE are confounded (add a frozen-head single-estimator method to separate them)"
     claims.append(c2)
 
-    mte = next((m for m, c in methods.items() if c.get("estimator") not in (None, "single")), None)
     c3 = Claim(3, "MTE reduces gradient variance and improves reward and benchmark scores")
-    if mte:
+    if mte and (ref := frozen or grpo):
         ratio = tr(mte, "final", "probe/var_ratio_vs_single")
         # Against the frozen-head single-chain method when the study has one: it differs from
         # the MTE method only in the estimate and selection, so the comparison isolates MTE.
-        ref = frozen or "grpo"
         c3.parts = [one_sample(f"{mte} gradient-noise variance, 1 − ratio to single chain",
                                None if ratio is None else [1 - r for r in ratio]),
                     compare(f"final reward, {mte} − {ref}", tr(mte, "final", "reward/mean"), tr(ref, "final", "reward/mean")),
                     score_part(f"GenEval overall, {mte} − {ref}", mte, ref, "eval/geneval/overall", evals, per_prompt),
                     score_part(f"T2I mean, {mte} − {ref}", mte, ref, "eval/t2i/mean", evals, per_prompt)]
         c3.note = ("variance from the trainer's gradient probe (probe/var_ratio_vs_single); reward and scores compare against "
-                   + (f"{ref}, which freezes the head too" if frozen else "grpo, which also differs in head freezing"))
+                   + (f"{ref}, which freezes the head too" if frozen else f"{ref}, which also differs in head freezing"))
     claims.append(c3)
 
     c5 = Claim(5, "MAR-GRPO beats the base model and vanilla GRPO on compositional benchmarks at little extra compute")
-    if "mar_grpo" in evals or (per_prompt or {}).get("mar_grpo"):
+    if mte and (mte in evals or (per_prompt or {}).get(mte)):
         for metric in ("eval/geneval/overall", "eval/geneval/position", "eval/t2i/mean", "eval/t2i/spatial", "eval/t2i/complex"):
-            for ref in ("base", "grpo"):
-                part = score_part(f"{metric.removeprefix('eval/')}, mar_grpo − {ref}", "mar_grpo", ref, metric, evals,
+            for ref in ("base", grpo) if grpo else ("base",):
+                part = score_part(f"{metric.removeprefix('eval/')}, {mte} − {ref}", mte, ref, metric, evals,
                                   per_prompt)
                 if part.d is not None:
                     c5.parts.append(part)
-        t_m, t_g = timing.get("mar_grpo"), timing.get("grpo")
+        t_m, t_g = timing.get(mte), timing.get(grpo)
         if t_m and t_g:
-            c5.note = (f"time per step mar_grpo / grpo = {(sum(t_m) / len(t_m)) / (sum(t_g) / len(t_g)):.2f}; "
+            c5.note = (f"time per step {mte} / {grpo} = {(sum(t_m) / len(t_m)) / (sum(t_g) / len(t_g)):.2f}; "
                        "preference metrics are not measured here (world reward only)")
     claims.append(c5)
-    claims.append(_speculative_claim(train, evals, methods, per_prompt))
+    claims.append(_speculative_claim(train, evals, roles, per_prompt))
     return claims
 
 
