@@ -104,7 +104,7 @@ def test_tiny_mar_exposes_its_reference(tiny_model):
 
 def test_loss_tokens_logs_diagnostics_without_changing_the_tokens(tiny_model):
     spec = {"methods.spec.freeze_head": True, "methods.spec.token_scope": "committed+speculative",
-            "methods.spec.consistency": True, "methods.spec.reads": ["tau", "train", "train"]}
+            "methods.spec.consistency": True}
     method = tiny_params(**spec).method("spec")
     ro = tiny_model.rollout(["a red circle", "two blue squares"], seeds=torch.tensor([1, 2]),
                             speculative_steps=range(tiny_model.num_ar_steps))

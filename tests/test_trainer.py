@@ -388,7 +388,7 @@ def test_batches_are_stratified_by_purpose():
 
 def test_probe_compares_speculative_tokens_on_the_same_rollouts():
     spec = {"methods.spec.freeze_head": True, "methods.spec.token_scope": "committed+speculative",
-            "methods.spec.consistency": True, "methods.spec.reads": ["tau", "train", "train"],
+            "methods.spec.consistency": True,
             "train.grad_probe_every": 1, "train.prompts_per_step": 2}
     tr = make_trainer("spec", **spec)
     m = tr.train_step()
