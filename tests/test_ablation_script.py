@@ -15,7 +15,7 @@ from margrpo.experiments import Experiments
 from margrpo.probes import power
 from margrpo.report import ablation
 from margrpo.report.claims import HOLDS
-from test_ablation import GIT, METHODS, ROOT, SEEDS, _record, _scores
+from test_ablation import CLAIMS, GIT, METHODS, PARAMS, ROOT, SEEDS, _record, _scores
 
 
 def _write(root: Path, rel: str, obj) -> None:
@@ -33,7 +33,7 @@ def _study(root: Path, k: float, mar_shift: float, run: str, code: str = "x = 1\
     import yaml
 
     _write(root, "params.yaml", yaml.safe_dump({"k": k, "tau": 0.0, "num_trajectories": 4, "methods": METHODS,
-                                                "train": {"seeds": [0, 1, 2], "steps": 20},
+                                                "claims": CLAIMS, "train": {"seeds": [0, 1, 2], "steps": 20},
                                                 "model": {"checkpoint": "models/base"}}))
     _write(root, "dvc.yaml", yaml.safe_dump({"stages": {
         "train": {"foreach": list(METHODS), "do": {"deps": ["src/margrpo/training", "${model.checkpoint}",
@@ -78,7 +78,7 @@ def test_collect_writes_records_once_and_the_centre(tmp_path):
     _git(root, "reset", "-q", "--hard", baseline)
 
     checkout = Experiments(root)
-    points = ablation.grid(METHODS)
+    points = ablation.grid(PARAMS)
     assert checkout.collect_finished(points) == ["abl-k0.1"]
     rec = json.loads((root / "reports/ablation/abl-k0.1.json").read_text())
     assert rec["commit"] == exp and rec["baseline"] == baseline and rec["knobs"]["k"] == 0.1
@@ -211,11 +211,11 @@ def test_the_long_run_sets_its_seeds_and_keeps_the_fingerprint(tmp_path):
     nothing. The seeds are not part of the code fingerprint, so the long run's record shares
     the centre's."""
     raw = {"methods": METHODS, "train": {"seeds": [0, 1, 2]}}
-    long = next(p for p in ablation.grid(METHODS) if p.arm == "long")
+    long = next(p for p in ablation.grid(PARAMS) if p.arm == "long")
     one = experiments.with_seeds(long, [0], raw)
     assert one.overrides == (*long.overrides, "train.seeds=[0]") and one.methods == long.methods
     assert experiments.with_seeds(long, [0, 1, 2], raw) is long
-    k = next(p for p in ablation.grid(METHODS) if p.arm == "k")
+    k = next(p for p in ablation.grid(PARAMS) if p.arm == "k")
     assert experiments.with_seeds(k, [0], raw) is k
     lock = {"stages": {"train@grpo_frozen_spec": {"params": {"params.yaml": {"train": {"seeds": [0, 1, 2]}}}}}}
     assert experiments.retrains(one, lock, ["grpo_frozen_spec"]) == ["grpo_frozen_spec"]

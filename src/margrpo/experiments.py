@@ -205,7 +205,7 @@ class Experiments:
         """reports/ablation/<name>.json for a finished experiment, and the centre record of the
         study it started from (when not yet written)."""
         raw = yaml.safe_load(self.show(commit, "params.yaml"))
-        role_of = {m: role for role, m in roles(yaml.safe_load(self.show(baseline, "params.yaml"))["methods"]).items()}
+        role_of = {m: role for role, m in roles(yaml.safe_load(self.show(baseline, "params.yaml"))).items()}
         ran = [m for m in raw["methods"] if self.show(commit, f"reports/train/{m}/trained.json")
                != self.show(baseline, f"reports/train/{m}/trained.json")]
         missing = sorted(set(point.methods.values()) - set(ran))

@@ -38,11 +38,11 @@ from pathlib import Path
 
 from scipy.stats import chi2, norm
 
-from margrpo.report.ablation import ESTIMATORS
+from margrpo.report.ablation import ABLATED_ESTIMATORS
 from margrpo.report.intervals import read_per_prompt, score_interval, seeds_needed
 
 OVERALL = "eval/geneval/overall"
-DECISIVE = ("grpo", "grpo_frozen", *ESTIMATORS)
+DECISIVE = ("grpo", "grpo_frozen", *ABLATED_ESTIMATORS)
 UPPER = 0.8  # one-sided confidence of the upper bound on var_seed
 
 
