@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from margrpo.models.mar import TINY_CONSISTENCY_REFERENCE
-from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_tokens
+from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_stats, plan_tokens
+from margrpo.models.chains import ChainScorer
 from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, content_cos, loss_token_mask)
 from conftest import tiny_params
@@ -109,23 +110,27 @@ def test_loss_tokens_logs_diagnostics_without_changing_the_tokens(tiny_model):
     ro = tiny_model.rollout(["a red circle", "two blue squares"], seeds=torch.tensor([1, 2]),
                             speculative_steps=range(tiny_model.num_ar_steps))
     hs = torch.tensor([0, 1])
+    scorer = ChainScorer(tiny_model, ro.cfg_scale)
     for i in range(tiny_model.num_ar_steps - 1):
-        plan = loss_tokens(ro, i, method, R)
+        plan = plan_tokens(scorer, ro, [i], [hs], method)[0]
+        stats = plan_stats([plan])[0]
         st = ro.steps[i]
-        assert sorted(plan.stats) == sorted(CONSISTENCY_KEYS)
+        assert sorted(stats) == sorted(CONSISTENCY_KEYS)
         # the loss tokens are those of the filter alone
         committed = torch.zeros(2, tiny_model.num_tokens, dtype=torch.bool).scatter_(1, st.commit_idx, True)
         prev = ro.steps[i - 1].speculative if i else None
         keep = consistency_keep(st.speculative, ro.tokens, method.tau, "paper", committed, prev, R)
         full = loss_token_mask(committed, keep, method.token_scope, st.known)
         assert torch.equal(plan.mask, torch.gather(full, 1, plan.positions))
-        kept = [plan.stats[f"select/consistency_kept_tau{t:g}"] for t in DIAG_TAUS]
+        kept = [stats[f"select/consistency_kept_tau{t:g}"] for t in DIAG_TAUS]
         assert kept == sorted(kept, reverse=True)
-        assert plan.stats["select/consistency_frac"] == pytest.approx(plan.stats["select/consistency_kept_tau0"])
-        qs = [plan.stats[f"select/consistency_score_q{round(100 * q)}"] for q in DIAG_QUANTILES]
+        assert stats["select/consistency_frac"] == pytest.approx(stats["select/consistency_kept_tau0"])
+        qs = [stats[f"select/consistency_score_q{round(100 * q)}"] for q in DIAG_QUANTILES]
         assert qs == sorted(qs) and -1.0 <= qs[0] and qs[-1] <= 1.0
     # the last step has no speculative tokens, so no statistics
-    assert loss_tokens(ro, tiny_model.num_ar_steps - 1, method, R).stats == {}
+    assert loss_tokens(ro, tiny_model.num_ar_steps - 1, hs, method, R).stat_values is None
+    assert plan_stats(plan_tokens(scorer, ro, [tiny_model.num_ar_steps - 1], [hs], method)) == [{}]
     # the plan uses the policy's reference
-    plans = plan_tokens(tiny_model, ro, [0], [hs], method, "guided")
-    assert plans[0].stats == loss_tokens(ro, 0, method, R).stats
+    [stats] = plan_stats(plan_tokens(scorer, ro, [0], [hs], method))
+    assert stats == dict(zip(CONSISTENCY_KEYS, loss_tokens(ro, 0, hs, method, R).stat_values.tolist()))
+    assert stats != dict(zip(CONSISTENCY_KEYS, loss_tokens(ro, 0, hs, method, 0.0).stat_values.tolist()))

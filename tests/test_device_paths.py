@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from margrpo.training.loop import train_step
 from margrpo.models.loading import new_model
 from margrpo.ranks.launch import torchrun_command
 from margrpo.training.trainer import Trainer
@@ -79,8 +80,7 @@ def test_an_adapter_step_keeps_its_batch_on_the_device(factory):
     tr = Trainer.from_params(params, "mar_grpo", 0, make_prompt_set("train", 2, seed=0), policy=policy,
                              reward=Brightness())
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if n in tr.trained_names}
-    metrics = tr.train_step()
-    batch = tr.last_batch
+    metrics, batch = train_step(tr)
     assert {batch.rewards.device.type, batch.adv.device.type, batch.groups.device.type} == {DEVICE}
     assert all(p.draw.states.device.type == DEVICE and p.mask.device.type == DEVICE for p in batch.plans)
     assert all(math.isfinite(metrics[k]) for k in ("loss/policy", "diag/grad_norm_ar")), metrics

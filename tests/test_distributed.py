@@ -306,10 +306,13 @@ def test_a_shard_draws_the_same_chains_for_its_images():
     ar, heads = tr.plan_steps()
     spec = speculative_steps_needed(tr.method, ar)
     prompts, seeds = [m["prompt"] for m in metas], torch.arange(len(metas)) * 7919 + 3
-    full = plan_tokens(tr.policy, tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec), ar, heads, tr.method, "guided")
+    def plan(prompts, seeds, draw=0):
+        ro = tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec)
+        return plan_tokens(tr.scorer(ro), ro, ar, heads, tr.method, draw=draw)
+
+    full = plan(prompts, seeds)
     half = slice(len(metas) // 2, len(metas))
-    part = plan_tokens(tr.policy, tr.policy.rollout(prompts[half], seeds=seeds[half], speculative_steps=spec), ar, heads,
-                   tr.method, "guided")
+    part = plan(prompts[half], seeds[half])
     for pf, pp in zip(full, part):
         width = pf.mask.shape[1]
         offset = half.start * width
@@ -319,8 +322,7 @@ def test_a_shard_draws_the_same_chains_for_its_images():
         # the weights come from head evaluations, whose batched matmuls may round differently
         # for another batch size: equal to float32 rounding
         assert torch.allclose(pf.draw.weights[:, in_half], pp.draw.weights, rtol=1e-5, atol=1e-6)
-    other = plan_tokens(tr.policy, tr.policy.rollout(prompts, seeds=seeds, speculative_steps=spec), ar, heads, tr.method,
-                    "guided", draw=1)
+    other = plan(prompts, seeds, draw=1)
     assert not torch.equal(other[0].draw.states[:, 1:], full[0].draw.states[:, 1:])  # draw 1: fresh chains
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from margrpo.models.chains import sample_chain
+from margrpo.models.chains import ChainScorer, sample_chain
 from margrpo.models.samplers import DDPMSampler, FlowSDESampler, gaussian_log_prob
+from margrpo.method.losses import chain_policy_terms
 from margrpo.method.estimators import (
     ESTIMATORS,
-    chain_policy_terms,
     draw_chains,
     generator_noise,
     policy_callables,
@@ -192,7 +192,7 @@ def test_policy_callables_score_what_they_sample():
     pol = _TinyPolicy()
     g = torch.Generator().manual_seed(4)
     z_c, z_u = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
-    logp_fn, sample_fn = policy_callables(pol, z_c, z_u, cfg_scale=2.0)
+    logp_fn, sample_fn = policy_callables(ChainScorer(pol, 2.0), lambda: (z_c, z_u))
     rows = torch.tensor([0, 4, 5])
     noise = torch.randn(6, 2, 3, 2, generator=g)
     with torch.no_grad():
@@ -210,7 +210,7 @@ def test_resample_reuses_given_chains_and_scores_only_the_loss_steps():
     pol = _TinyPolicy()
     g = torch.Generator().manual_seed(7)
     z_c, z_u = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
-    logp_fn, sample_fn = policy_callables(pol, z_c, z_u, cfg_scale=2.0)
+    logp_fn, sample_fn = policy_callables(ChainScorer(pol, 2.0), lambda: (z_c, z_u))
     mask = torch.tensor([[True, False, True], [False, True, True]])
     rows = mask.reshape(-1).nonzero().squeeze(-1)
     with torch.no_grad():

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from margrpo.training.loop import train_step
 from margrpo.models import device as device_module
 from margrpo.models import loading
 from margrpo.training.trainer import Trainer
@@ -40,11 +41,12 @@ def saved_policy(kind: str, tmp_path, tiny_model):
     return tmp_path / "none", {"model.kind": kind, "model.weights": str(tmp_path / "w"), **extra}
 
 
-def one_step(path, over: dict, reward) -> tuple[dict, Trainer]:
+def one_step(path, over: dict, reward) -> tuple[dict, Trainer, object]:
     params = tiny_params(**over)
     policy = loading.load_model(path, params)
     tr = Trainer.from_params(params, "mar_grpo", 0, PROMPTS, policy=policy, reward=reward)
-    return tr.train_step(), tr
+    metrics, batch = train_step(tr)
+    return metrics, tr, batch
 
 
 @pytest.mark.parametrize("kind", ["tiny", "nova", "harmon"])
@@ -54,15 +56,15 @@ def test_rollout_and_training_step_on_a_gpu_stand_in(kind, tmp_path, tiny_model,
     reward = RedReward() if kind == "tiny" else Brightness()
     path, over = saved_policy(kind, tmp_path, tiny_model)
     over = {**over, "train.beta_kl": 0.1}  # the KL reference copy is placed too
-    cpu_metrics, _ = one_step(path, {**over, "runtime.device": "cpu"}, reward)
+    cpu_metrics, _, _ = one_step(path, {**over, "runtime.device": "cpu"}, reward)
 
     for module in (device_module, loading):
         monkeypatch.setattr(module, "resolve_device", fake_resolve, raising=False)
     with fake_cuda.fake_cuda():
-        metrics, tr = one_step(path, {**over, "runtime.device": "cuda"}, reward)
+        metrics, tr, batch = one_step(path, {**over, "runtime.device": "cuda"}, reward)
         devices = {p.device for p in tr.policy.parameters()} | {b.device for b in tr.policy.buffers()}
         grads = [p.grad for p in tr.trained if p.grad is not None]
-        ro = tr.last_batch.rollout
+        ro = batch.rollout
 
     assert devices == {fake_cuda.DEVICE}, devices
     assert ro.tokens.device == fake_cuda.DEVICE and ro.steps[0].chain.device == fake_cuda.DEVICE
@@ -91,8 +93,8 @@ def test_place_moves_an_adapter_built_in_code(kind, monkeypatch):
     with fake_cuda.fake_cuda():
         place(policy, "cuda", "float32")
         tr = Trainer.from_params(tiny_params(), "mar_grpo", 0, PROMPTS, policy=policy, reward=Brightness())
-        metrics = tr.train_step()
-        assert policy.device == fake_cuda.DEVICE and tr.last_batch.rollout.images.device == fake_cuda.DEVICE
+        metrics, batch = train_step(tr)
+        assert policy.device == fake_cuda.DEVICE and batch.rollout.images.device == fake_cuda.DEVICE
     assert math.isfinite(metrics["loss/policy"]) and metrics["diag/grad_norm_ar"] > 0
     assert place(policy.cpu(), "cpu", "bfloat16").ar_dtype == torch.bfloat16  # runtime.dtype reaches the adapter
 

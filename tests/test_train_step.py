@@ -1,6 +1,6 @@
 """The training step's own contracts: an immutable token plan that splits the loss tokens
 between the rollout chain and the multi-trajectory chains, one loss normaliser, the
-non-finite guard of Trainer.train_step, and what keeps the step cheap (the uncertainty
+non-finite guard of Trainer.update, and what keeps the step cheap (the uncertainty
 chains drawn with the rollout, a head conditioning shared by the chains of a token, a few
 host reads per step)."""
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from margrpo.training.loop import train_step
 from margrpo.models.chains import guided_output, shared_guided_output
-from margrpo.method.plan import plan_tokens, uncertainty_chains_needed
+from margrpo.method.plan import plan_stats, plan_tokens, uncertainty_chains_needed
 from margrpo.training.trainer import NonFiniteError
 
 from test_trainer import make_trainer
@@ -29,10 +30,11 @@ def _chosen(plan) -> torch.Tensor:
 def test_token_plan_is_built_complete_and_splits_its_loss_tokens():
     tr = make_trainer(**{"methods.mar_grpo.estimator": "resample"})  # top-k, speculative tokens
     plans = tr.collect().plans
-    for p in plans:
+    for p, stats in zip(plans, plan_stats(plans)):
         with pytest.raises(dataclasses.FrozenInstanceError):
             p.draw = None
-        assert p.draw is not None and "select/topk_frac" in p.stats  # filled in when built
+        assert p.draw is not None and p.topk_counts is not None  # filled in when built
+        assert "select/topk_frac" in stats and "select/ess" in stats
         chosen = _chosen(p)
         assert not (p.single & chosen).any()  # a loss token is scored by one of the two
         assert torch.equal(p.single | chosen, p.mask)  # and every loss token by one
@@ -68,7 +70,7 @@ def test_an_update_that_makes_the_weights_non_finite_raises():
 
     tr.opt.register_step_post_hook(nan_after_step)
     with pytest.raises(NonFiniteError, match="made the weights non-finite"):
-        tr.train_step()
+        train_step(tr)[0]
 
 
 # ---- step cost: the uncertainty chains drawn with the rollout, host reads ----------------
@@ -91,8 +93,8 @@ def test_the_rollouts_extra_chains_are_the_uncertainty_chains_the_plan_would_dra
     assert torch.equal(with_extra.images, plain.images)
     assert with_extra.steps[ar[0]].extra_chain.shape[:2] == (tr.policy.sampler.num_steps + 1, m)
     assert all(st.extra_chain is None for st in plain.steps)
-    fused = plan_tokens(tr.policy, with_extra, ar, heads, tr.method, tr.tcfg.cfg_mode)
-    drawn = plan_tokens(tr.policy, plain, ar, heads, tr.method, tr.tcfg.cfg_mode)
+    fused = plan_tokens(tr.scorer(with_extra), with_extra, ar, heads, tr.method)
+    drawn = plan_tokens(tr.scorer(plain), plain, ar, heads, tr.method)
     for a, b in zip(fused, drawn):
         assert torch.equal(a.draw.rows, b.draw.rows) and a.draw.rows.numel() > 0
         assert torch.allclose(a.draw.states, b.draw.states, atol=1e-5)
@@ -148,10 +150,10 @@ def test_a_training_step_reads_the_device_a_few_times_whatever_the_model_size():
     counts = {}
     for method, over in (("grpo", {}), ("mar_grpo", PAPER)):
         tr = make_trainer(method, **over)
-        tr.train_step()
+        train_step(tr)[0]
         with HostSyncCounter([t for pol in (tr.policy, tr.ref) for t in vars(pol.sampler).values()
                               if torch.is_tensor(t)]) as c:
-            tr.train_step()
+            train_step(tr)[0]
         counts[method] = c
     n_params, n_loss_steps = len(list(tr.policy.parameters())), tr.tcfg.loss_ar_steps
     assert counts["grpo"].total <= 10 < n_params, counts["grpo"].sites
@@ -167,25 +169,39 @@ def test_read_all_reads_groups_of_tensors_in_one_go():
     assert got == {"a": [1.5, [2.0, 3.0]], "b": [], "c": [1.0]}
 
 
-def test_state_copies_the_weights_to_the_host_and_the_last_batch_goes_before_the_next():
+def test_state_copies_the_weights_to_the_host():
     tr = make_trainer("grpo")
-    tr.train_step()
+    train_step(tr)
     state = tr.state()
     params = dict(tr.policy.named_parameters())
     for name, v in state["policy"].items():
         assert v.device.type == "cpu" and torch.equal(v, params[name].detach())
         assert v.data_ptr() != params[name].data_ptr()  # a copy, not a view of the weights
-    seen = []
+
+
+def test_the_loop_lets_the_last_batch_go_before_it_collects_the_next(tmp_path):
+    """No two batches (rollouts with every chain) are alive at once: the loop drops the
+    previous batch before collect, and keeps the last one for the selection maps."""
+    import gc
+    import weakref
+
+    from margrpo.training.loop import train
+
+    tr = make_trainer("mar_grpo", **{**PAPER, "train.steps": 3, "train.eval_every": 0, "train.grad_probe_every": 0})
+    rollouts, alive = [], []
     collect = tr.collect
 
     def watch():
-        seen.append(tr.last_batch)
-        return collect()
+        gc.collect()
+        alive.append([r() is not None for r in rollouts])
+        batch = collect()
+        rollouts.append(weakref.ref(batch.rollout))
+        return batch
 
     tr.collect = watch
-    first = tr.last_batch
-    tr.train_step()
-    assert first is not None and seen == [None] and tr.last_batch is not first
+    train(tr, tmp_path, progress=False)
+    assert alive == [[], [False], [False, False]]
+    assert (tmp_path / "selection_examples.pt").exists()  # from the last batch
 
 
 def test_float32_matmuls_use_tf32_on_cuda_only():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from margrpo.training.loop import train_step
 from margrpo.models.chains import gather_rows, sample_chain
 from margrpo.models.loading import new_model
 from margrpo.training.gradprobe import flat_grad
@@ -38,7 +39,7 @@ def test_first_pass_ratio_is_one_and_gradient_flows(estimator):
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
     adv = torch.randn(len(metas))
-    plans = plan_tokens(tr.policy, ro, ar, heads, tr.method, "guided")
+    plans = plan_tokens(tr.scorer(ro), ro, ar, heads, tr.method)
     stats = tr.compute_grads(Batch(groups, ro, adv, adv, plans, 0.0))
     assert stats["diag/approx_kl"] == 0.0 and stats["diag/clipfrac"] == 0.0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tr.ar_params)
@@ -50,15 +51,15 @@ def test_vanilla_grpo_trains_the_head():
     tr = make_trainer("grpo")
     assert all(p.requires_grad for p in tr.head_params)
     before = [p.detach().clone() for p in tr.head_params]
-    tr.train_step()
+    train_step(tr)[0]
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.head_params))
 
 
 def test_kl_is_zero_against_itself():
     tr = make_trainer(**{"train.beta_kl": 1.0})
-    m = tr.train_step()
+    m = train_step(tr)[0]
     assert m["loss/kl"] == 0.0  # first step: policy == reference
-    m2 = tr.train_step()
+    m2 = train_step(tr)[0]
     assert m2["loss/kl"] > 0.0
 
 
@@ -153,7 +154,7 @@ def test_method_probe_interval_applies_to_that_method_and_leaves_training_alone(
     assert params.train_for("grpo").grad_probe_every == 0 and params.train_for("mar_grpo").grad_probe_every == 1
     probed, quiet = make_trainer("grpo", **{"train.grad_probe_every": 1}), make_trainer("grpo", **over)
     for _ in range(2):
-        a, b = probed.train_step(), quiet.train_step()
+        a, b = train_step(probed)[0], train_step(quiet)[0]
         assert "probe/snr" in a and not any(k.startswith("probe/") for k in b)
         assert a["reward/mean"] == b["reward/mean"] and a["loss/policy"] == b["loss/policy"]
     assert all(torch.equal(x, y) for x, y in zip(probed.policy.parameters(), quiet.policy.parameters()))
@@ -164,7 +165,7 @@ def test_paired_base_logs_the_base_reward_on_the_same_batch_and_leaves_training_
     plain = make_trainer("grpo", **{"train.beta_kl": beta_kl})
     paired = make_trainer("grpo", **{"train.beta_kl": beta_kl, "methods.grpo.paired_base": True})
     for step in range(3):
-        a, b = plain.train_step(), paired.train_step()
+        a, b = train_step(plain)[0], train_step(paired)[0]
         assert "reward/base_mean" not in a
         # the same rewards and weights as without the base rollout (no generator touched)
         assert a["reward/mean"] == b["reward/mean"] and a["loss/policy"] == b["loss/policy"]
@@ -184,7 +185,7 @@ def test_mte_scope_limits_the_multi_trajectory_tokens(scope):
     ar, heads = tr.plan_steps()
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
-    plans = plan_tokens(tr.policy, ro, ar, heads, tr.method, "guided")
+    plans = plan_tokens(tr.scorer(ro), ro, ar, heads, tr.method)
     spec_selected = 0
     for plan in plans:
         n_commit, n_all = plan.n_committed, plan.mask.shape[1]
@@ -345,8 +346,7 @@ def test_truncated_checkpoint_names_the_file_and_history_stays_strict_json(tmp_p
 def test_bfloat16_forward_passes_keep_float32_rewards_advantages_and_loss():
     tr = make_trainer(**{"runtime.dtype": "bfloat16"})
     tr.policy.set_precision(torch.bfloat16)  # what load_model does with runtime.dtype
-    metrics = tr.train_step()
-    batch = tr.last_batch
+    metrics, batch = train_step(tr)
     assert batch.rewards.dtype == batch.adv.dtype == torch.float32
     assert all(p.draw.logp_old.dtype == torch.float32 for p in batch.plans)
     assert all(math.isfinite(metrics[k]) for k in ("loss/policy", "loss/kl", "diag/grad_norm_ar"))
@@ -363,8 +363,7 @@ def test_a_cuda_step_keeps_its_tensors_on_the_gpu_and_follows_the_cpu_step():
     gpu_policy = copy.deepcopy(policy).cuda()
     before = flat_grad(list(policy.parameters()), list(policy.parameters()))
     cpu, gpu = (Trainer(p, params, params.method("mar_grpo"), 0, PROMPTS, RedReward()) for p in (policy, gpu_policy))
-    a, b = cpu.train_step(), gpu.train_step()
-    batch = gpu.last_batch
+    (a, _), (b, batch) = train_step(cpu), train_step(gpu)
     assert batch.rewards.is_cuda and batch.adv.is_cuda and batch.groups.is_cuda
     assert all(p.draw.states.is_cuda and p.mask.is_cuda for p in batch.plans)
     assert b["reward/mean"] == pytest.approx(a["reward/mean"], abs=1e-4)
@@ -391,7 +390,7 @@ def test_probe_compares_speculative_tokens_on_the_same_rollouts():
             "methods.spec.consistency": True,
             "train.grad_probe_every": 1, "train.prompts_per_step": 2}
     tr = make_trainer("spec", **spec)
-    m = tr.train_step()
+    m = train_step(tr)[0]
     for key in ("probe/snr", "probe/snr_committed", "probe/snr_unfiltered", "probe/cos_groups"):
         assert math.isfinite(m[key]), key
     assert m["probe/snr"] != m["probe/snr_committed"]  # the speculative terms change the gradient

@@ -10,8 +10,11 @@
 3. chains: for the selected tokens (all candidates without top-k), their M chains, weights
    and old log-probs (estimators.draw_chains). Every draw is per image
    (estimators.image_noise, keyed by the rollout's seeds), so a token's chains do not depend
-   on the batch or rank it is in; `draw` picks independent repeats;
-4. one host read: every statistic of the plan (TokenPlan.stats).
+   on the batch or rank it is in; `draw` picks independent repeats.
+
+The plan reads nothing back from the device but the selected tokens' indices (one read per
+loss AR step, phase 3). Its statistics stay on the device (`stat_tensors`) until the step's
+metrics read them with the batch's others in one host read (`plan_stats`).
 
 Cost: when the candidates are committed tokens (`uncertainty_chains_needed`), the rollout
 draws the M uncertainty chains beside its own (models/chains.py: they share the step's
@@ -71,17 +74,18 @@ class Block(NamedTuple):
 @dataclass(frozen=True, eq=False)
 class TokenPlan:
     """What AR step `index` contributes to the loss. Phase 1 (`loss_tokens`) fixes the
-    tokens; `plan_tokens` adds the chains (phase 3) and the statistics read from the device
-    (phase 4) with dataclasses.replace."""
+    tokens; `plan_tokens` adds the top-k counts (phase 2) and the chains (phase 3) with
+    dataclasses.replace."""
 
     index: int
     head_steps: torch.Tensor  # [S] long, the head transitions scored
     blocks: tuple[Block, ...]  # committed, then speculative: the layout's L columns
     mask: torch.Tensor  # [B, L] bool loss tokens
     draw: ChainDraw | None = None  # M chains of the tokens that get the multi-trajectory estimate
-    # [len(CONSISTENCY_KEYS)] on the device (consistency filter only), read into `stats`
+    # [len(CONSISTENCY_KEYS)] on the device: the consistency filter's statistics (with the filter only)
     stat_values: torch.Tensor | None = None
-    stats: Mapping[str, float] = dataclasses.field(default_factory=dict)  # select/*, diag/uncertainty_mean
+    # [3] float64 on the device: candidates, selected tokens, uncertainty sum (top-k only)
+    topk_counts: torch.Tensor | None = None
 
     @property
     def n_committed(self) -> int:
@@ -234,7 +238,7 @@ def plan_tokens(
     policy = scorer.policy
     # 1. tokens
     plans = [loss_tokens(rollout, i, hs, method, policy.consistency_reference) for i, hs in zip(ar_steps, head_steps)]
-    draws, topk = [None] * len(plans), None
+    draws = [None] * len(plans)
     if method.estimator != "single":
         latents = _Latents(policy, rollout, plans)
         # Candidates for the multi-trajectory estimate: all loss tokens, or only the ones
@@ -249,7 +253,9 @@ def plan_tokens(
                      for k, (p, c) in enumerate(zip(plans, cands))]
             uncs, selected = uncertainty_topk([f.final for f in found], [f.src for f in found], cands, method.k,
                                               method.topk_pool)
-            topk = (cands, selected, uncs)
+            plans = [dataclasses.replace(p, topk_counts=torch.stack([c.sum().double(), x.sum().double(),
+                                                                     u.sum().double()]))
+                     for p, c, x, u in zip(plans, cands, selected, uncs)]
         # 3. chains
         draws = []
         for k, (p, sel, f) in enumerate(zip(plans, selected, found)):
@@ -271,34 +277,34 @@ def plan_tokens(
                 noise=image_noise(rollout.seeds, p.index, p.positions, ESTIMATOR_STREAMS[method.estimator], draw),
                 states=reuse, states_logp=reuse_logp, logp_steps=p.head_steps, keep_rollout=True,
             ))
-    # 4. one host read
-    return _read_stats(plans, draws, topk)
+    return [dataclasses.replace(p, draw=d) for p, d in zip(plans, draws)]
 
 
-def _read_stats(plans: list[TokenPlan], draws: list[ChainDraw | None],
-                topk: tuple[list, list, list] | None = None) -> list[TokenPlan]:
-    """Phase 4: the plans with their chains and statistics, read from the device at once:
-    the consistency statistics, the median effective sample size of every step that has
-    chains and, with top-k (candidate masks, selected masks, uncertainty maps per step), the
-    candidate and selected counts and the uncertainty sums (float32; the map is 0 outside
-    the candidates)."""
-    with_chains = [d for d in draws if d is not None and d.ess.numel()]
-    groups = {"ess": [d.ess.median() for d in with_chains],
-              "cons": [p.stat_values for p in plans if p.stat_values is not None]}
-    if topk is not None:
-        cands, selected, uncs = topk
-        groups |= {"cand": [c.sum() for c in cands], "sel": [x.sum() for x in selected], "unc": [u.sum() for u in uncs]}
-    read = read_all(groups)
+def stat_tensors(plans: list[TokenPlan]) -> dict[str, list[torch.Tensor]]:
+    """The plan's statistics as device tensors, grouped for hostsync.read_all (the step
+    reads them with its other metrics, in one host sync): the median effective sample size
+    of every step with chains, the consistency statistics, the top-k counts."""
+    return {"plan/ess": [p.draw.ess.median() for p in plans if p.draw is not None and p.draw.ess.numel()],
+            "plan/cons": [p.stat_values for p in plans if p.stat_values is not None],
+            "plan/topk": [p.topk_counts for p in plans if p.topk_counts is not None]}
+
+
+def plan_stats(plans: list[TokenPlan], read: Mapping[str, list] | None = None) -> list[dict[str, float]]:
+    """Per loss AR step, its select/* and diag/uncertainty_mean statistics, from `read` (the
+    values of `stat_tensors(plans)` read by hostsync.read_all; read here when None).
+    select/topk_frac and diag/uncertainty_mean are the batch's (selected over candidate
+    tokens of every loss step; the mean uncertainty of the candidates), given to every step."""
+    read = read_all(stat_tensors(plans)) if read is None else read
     extra = {}
-    if topk is not None:
-        n_cand, n_sel = int(sum(read["cand"])), int(sum(read["sel"]))
-        extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(read["unc"]) / max(1, n_cand)}
-    medians = dict(zip(map(id, with_chains), read["ess"]))
-    cons = iter(read["cons"])
+    if read["plan/topk"]:
+        cand, sel, unc = zip(*read["plan/topk"])
+        n_cand, n_sel = int(sum(cand)), int(sum(sel))
+        extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(unc) / max(1, n_cand)}
+    ess, cons = iter(read["plan/ess"]), iter(read["plan/cons"])
     out = []
-    for p, d in zip(plans, draws):
+    for p in plans:
         stats = dict(zip(CONSISTENCY_KEYS, next(cons))) if p.stat_values is not None else {}
-        if d is not None:
-            stats |= extra | ({"select/ess": medians[id(d)]} if id(d) in medians else {})
-        out.append(dataclasses.replace(p, draw=d, stats=stats))
+        if p.draw is not None:
+            stats |= extra | ({"select/ess": next(ess)} if p.draw.ess.numel() else {})
+        out.append(stats)
     return out

@@ -115,10 +115,11 @@ def two_estimates(
 def probe_gradients(trainer, batch) -> dict[str, float]:
     """Gradient signal-to-noise of the transformer on one training batch before its update.
 
-    trainer: a training.trainer.Trainer; batch: its Batch, collected and not yet updated on. Every gradient is trainer.compute_grads
-    on the same rollout (collective over ranks); variant plans come from plan_tokens, whose
-    draws are keyed by the image seeds, so no generator moves, and .grad is emptied at the
-    end: the update that follows is the one without the probe.
+    trainer: a training.trainer.Trainer; batch: its Batch, collected and not yet updated on.
+    Every gradient is trainer.compute_grads on the same rollout (collective over ranks);
+    variant plans come from plan_tokens, whose draws are keyed by the image seeds, so no
+    generator moves, and .grad is emptied at the end: the update that follows is the one
+    without the probe.
 
     - probe/snr, probe/cos_groups, probe/signal, probe/noise: the two halves of the GROUPS
       (prompts), each an independent unbiased estimate; snr = g_a . g_b / (|g_a - g_b|^2 / 2).

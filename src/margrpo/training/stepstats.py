@@ -7,16 +7,17 @@ from __future__ import annotations
 from margrpo.hostsync import read_all
 from margrpo.method.advantages import zero_std_fraction
 from margrpo.ranks.distributed import World
-from margrpo.method.plan import CONSISTENCY_KEYS
+from margrpo.method.plan import CONSISTENCY_KEYS, plan_stats, stat_tensors
 
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
 SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
 
 
 def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
-    """reward/*, adv/*, select/* and time/rollout of one batch (a trainer.Batch). Over ranks: reward/* and adv/*
-    of the gathered global batch (exact), select/* the mean of the ranks' means. The device
-    values are read in one host sync."""
+    """reward/*, adv/*, select/* and time/rollout of one batch (a trainer.Batch). Over ranks:
+    reward/* and adv/* of the gathered global batch (exact), select/* the mean over the
+    ranks of each rank's mean over its loss AR steps. The device values, the token plan's
+    statistics with them, are read in one host sync."""
     world = world or World()
     r, groups = world.cat(batch.rewards), world.cat(batch.groups)
     values = {"reward/mean": r.mean(), "reward/std": r.std(), "reward/min": r.min(), "reward/max": r.max(),
@@ -27,13 +28,14 @@ def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
         # The same prompts and image seeds through the base: a control variate that removes
         # the prompt-draw noise from the training-reward rise (report/learning.py).
         values["reward/base_mean"] = world.cat(batch.base_rewards).mean()
-    m = {k: v[0] for k, v in read_all({k: [v] for k, v in values.items()}).items()}
+    read = read_all({k: [v] for k, v in values.items()} | stat_tensors(batch.plans))
+    m = {k: read[k][0] for k in values}
     m["time/rollout"] = batch.rollout_s
     if batch.base_rewards is not None:
         m["reward/vs_base"] = m["reward/mean"] - m["reward/base_mean"]
-    mine = {}
+    mine, per_step = {}, plan_stats(batch.plans, read)
     for key in SELECT_KEYS:
-        vals = [p.stats[key] for p in batch.plans if key in p.stats]
+        vals = [st[key] for st in per_step if key in st]
         if vals:
             mine[key] = sum(vals) / len(vals)
     ranks = world.all_gather(mine)  # a rank whose plans selected nothing has no select/ess
