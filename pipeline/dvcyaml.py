@@ -110,6 +110,18 @@ def problems(params, path: Path = Path("dvc.yaml")) -> list[str]:
             "method or change the knobs one reads (topk, estimator, consistency): set those in params.yaml first"]
 
 
+def knob_lists_only(params, path: Path = Path("dvc.yaml")) -> bool:
+    """True when dvc.yaml's generated blocks hold params.yaml's methods and differ from what
+    `render` writes only in the knobs a method's train stage lists."""
+    text = Path(path).read_text()
+    try:
+        listed = yaml.safe_load(text)["stages"]["train"]["foreach"]
+        plots = render(params, text).split(BEGIN.format("plots"))[1] == text.split(BEGIN.format("plots"))[1]
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, IndexError):
+        return False
+    return isinstance(listed, dict) and list(listed) == list(params.methods) and plots
+
+
 def main(argv: list[str] | None = None) -> int:
     from margrpo.atomic import write_text
     from margrpo.config import ParamsError, load_params

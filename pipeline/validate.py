@@ -60,7 +60,15 @@ def check_dvc_yaml(params, path: Path = Path("dvc.yaml")) -> list[str]:
         return [f"dvc.yaml: stage evaluate iterates over {foreach!r}, not over the methods of params.yaml "
                 f"({', '.join(params.methods)})\n    fix: give it `foreach: {METHODS_FOREACH}` (a method "
                 f"is then one block under `methods:` in params.yaml)"]
-    return dvcyaml.problems(params, path)
+    problems = dvcyaml.problems(params, path)
+    if problems and os.environ.get("DVC_EXP_NAME") and dvcyaml.knob_lists_only(params, path):
+        # `dvc exp run -S +methods.<m>.consistency=true` (the ablation's tau arm) changes the
+        # knobs a method reads, not the methods: train@<m> retrains anyway, since its
+        # methods.<m> block changed. Say so, and go on.
+        print(f"note: {problems[0].splitlines()[0]}; experiment {os.environ['DVC_EXP_NAME']} changed those "
+              "methods' settings, so their train stages rerun regardless")
+        return []
+    return problems
 
 
 def check_resume_checkpoints(params, methods: list[str]) -> list[str]:

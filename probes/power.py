@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--power", type=float, default=0.8, help="probability of detecting a true difference of δ")
     a = ap.parse_args(argv)
     raw = yaml.safe_load(a.params.read_text())
-    names = {role: m for role, m in roles(raw["methods"]).items() if role in DECISIVE}
+    names = {role: m for role, m in roles(raw).items() if role in DECISIVE}
     seeds = raw["train"]["seeds"]
     table, decisive = rows(a.reports, names, seeds, a.delta, a.power)
     absent = [r for r in DECISIVE if r not in names or read_per_prompt(a.reports, names[r], seeds) is None]

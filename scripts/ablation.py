@@ -55,7 +55,7 @@ def estimate(point: Point, methods: list[str], raw: dict) -> tuple[float | None,
     from pipeline import validate
 
     params = load_params(ROOT / "params.yaml", parse_overrides(point.overrides))
-    keys, r = parse_overrides(point.overrides), roles(raw["methods"])
+    keys, r = parse_overrides(point.overrides), roles(raw)
 
     def minutes_of(m: str | None, p=params) -> float | None:
         if m is None or not (ROOT / "reports" / "train" / m / "metrics.json").exists():
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     try:
         long_seeds = [int(x) for x in a.long_seeds.split(",")]
-        points = [with_seeds(p, long_seeds, raw) for p in grid(raw["methods"]) if p.arm in arms]
+        points = [with_seeds(p, long_seeds, raw) for p in grid(raw) if p.arm in arms]
     except ValueError as err:
         raise SystemExit(f"ablation: {err}") from None
     if a.command == "collect":

@@ -22,6 +22,9 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import yaml
 
 from margrpo.report.claims import FAILS, HOLDS, UNSURE, compare_stats
 
@@ -114,7 +117,8 @@ def main() -> None:
         sys.exit(proc.stderr.strip() or f"{' '.join(cmd)} failed")
     rows = rows_of(json.loads(proc.stdout))
     print(table(rows))
-    verdicts = claim4(rows, "k", 0.3) + claim4(rows, "tau", 0.0)
+    centre = yaml.safe_load(Path("params.yaml").read_text())  # the study's knobs: claim 4's centre
+    verdicts = claim4(rows, "k", centre["k"]) + claim4(rows, "tau", centre["tau"])
     print("\n" + ("\n".join(verdicts) if verdicts else
                   "claim 4: no experiments that differ only in k or tau (e.g. dvc exp run --temp -S k=0.5)"))
 

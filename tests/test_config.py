@@ -115,6 +115,25 @@ def test_dvc_yaml_is_what_the_generator_writes_for_params_yaml(tmp_path):
     assert dvcyaml.problems(changed, tmp_path / "dvc.yaml") == []
 
 
+def test_validate_lets_an_experiment_change_the_knobs_a_method_reads(monkeypatch, capsys):
+    """The ablation's tau arm sets +methods.<m>.consistency=true in a `dvc exp run`: the method
+    comes to read tau, its train stage reruns anyway (its methods.<m> block changed), and the
+    guard notes it instead of refusing. Outside an experiment, and for a new method, it refuses."""
+    from pipeline.validate import check_dvc_yaml
+
+    tau_arm = load_params(ROOT / "params.yaml", {"methods.mar_grpo.token_scope": "committed+speculative",
+                                                 "methods.mar_grpo.consistency": True})
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    (problem,) = check_dvc_yaml(tau_arm, ROOT / "dvc.yaml")
+    assert "train@mar_grpo lists k, num_trajectories but its settings read k, tau, num_trajectories" in problem
+    monkeypatch.setenv("DVC_EXP_NAME", "abl-tau0")
+    assert check_dvc_yaml(tau_arm, ROOT / "dvc.yaml") == []
+    assert "experiment abl-tau0 changed those methods' settings" in capsys.readouterr().out
+    extra = load_params(ROOT / "params.yaml", {"methods.extra": {"freeze_head": True}})
+    (problem,) = check_dvc_yaml(extra, ROOT / "dvc.yaml")
+    assert "no stage train@extra" in problem, problem
+
+
 def test_top_level_plots_show_every_method():
     """dvc.yaml's top-level plots (no foreach there) hold a curve per method in each training
     plot and the sample grid of the base and of every method."""

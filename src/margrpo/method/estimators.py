@@ -11,7 +11,7 @@ A times the estimator of d log p_theta(x0) / dtheta:
 - resample: M fresh chains from the same z drawn under the old policy, w = 1/M (the paper /
   authors' code). They do not end in x0. The trainer passes the uncertainty map's chains
   (`states`), which also chose the tokens: on the selected tokens their score is not
-  zero-mean (method.md §3.2; scripts/resample_bias.py measures it).
+  zero-mean (method.md §3.2; probes/resample_bias.py measures it).
 - elbo: M chains of the forward process q(s_{0:T-1} | s_T = x0), w = 1/M: the gradient of
   the diffusion ELBO; low variance but biased unless the head is the exact reverse of q.
 - posterior: the same q-chains with self-normalised importance weights
