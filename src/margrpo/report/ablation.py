@@ -10,9 +10,10 @@ of both multi-trajectory estimators (the roles of params.yaml's `claims`: the pa
 - tau in {-1, 0.5} and the study's tau: tau filters speculative tokens only, so this arm
   scores the committed tokens plus the speculative ones that pass the consistency filter
   (token_scope committed+speculative, consistency on), its centre included; tau = -1 keeps
-  every speculative token (filter off). Consistency makes a method read tau, so dvc.yaml must
-  list tau for it (python -m pipeline.dvcyaml on params.yaml with those settings) before
-  this arm runs: `-S` alone cannot change what a stage reads;
+  every speculative token (filter off). Consistency makes a method read tau; inside the
+  experiment its train stage reruns anyway (its methods.<m> block changed), and the
+  pipeline's guard notes that dvc.yaml lists tau for it only once the settings are
+  committed (python -m pipeline.dvcyaml);
 - the long run: the methods of the roles LONG_ROLES for LONG_FACTOR x train.steps steps.
 A full product (4 k x 3 M x 3 tau) would be 36 experiments against these 9.
 
