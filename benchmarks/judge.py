@@ -4,6 +4,12 @@ GenEval's rules give its true scene, the judge's verdict and the training reward
 the reward may not, and where it does not is what the judge is for. Also times the judge.
 
     .venv/bin/python benchmarks/judge.py [--grid docs/img/adversarial.png]
+    .venv/bin/python benchmarks/judge.py --families [--seed 0] [--grid families.png]
+
+--families: the near-miss families of world/families.py instead (>= 300 scenes, each with the
+true verdict of an independent rule): per family, the false-accept rate (judged correct
+where the truth fails) and the false-reject rate (judged wrong where it passes) of the
+judge and of the training reward's GenEval half; ambiguous scenes are left out.
 """
 from __future__ import annotations
 
@@ -14,15 +20,49 @@ import torch
 
 from margrpo.world.adversarial import SIZE, cases
 from margrpo.world.evaluator import WorldEvaluator
+from margrpo.world.families import BANDS, family_cases, family_rates
 from margrpo.world.generate import image_grid
 from margrpo.world.grammar import parse_prompt
 from margrpo.world.judge import WorldJudge
 
 
+def families(seed: int, grid: str | None) -> None:
+    set_ = family_cases(seed)
+    images = torch.stack([c.image() for c in set_])
+    metas = [parse_prompt(c.prompt) for c in set_]
+    t0 = time.perf_counter()
+    j = WorldEvaluator(SIZE, detector=WorldJudge(SIZE)).score(images, metas)["correct"].tolist()
+    t_judge = time.perf_counter() - t0
+    p = WorldEvaluator(SIZE).score(images, metas)["correct"].tolist()
+    rj, rp = family_rates(set_, j), family_rates(set_, p)
+
+    def cell(n: int, k: int) -> str:
+        return f"{k:3d}/{n:<3d} {100 * k / n:5.1f}%" if n else "      –     "
+
+    print(f"{len(set_)} scenes (seed {seed}); rates over the scenes whose truth is not ambiguous")
+    print(f"{'family':14s} {'parameter':44s} {'judge: false acc':>17s} {'false rej':>13s} "
+          f"{'reward: false acc':>18s} {'false rej':>13s} {'ambig':>5s}")
+    for f, (param, *_rest) in BANDS.items():
+        a, b = rj[f], rp[f]
+        print(f"{f:14s} {param:44s} {cell(a['fails'], a['false_accepts']):>17s} {cell(a['passes'], a['false_rejects']):>13s} "
+              f"{cell(b['fails'], b['false_accepts']):>18s} {cell(b['passes'], b['false_rejects']):>13s} {a['ambiguous']:5d}")
+    print(f"judge {1000 * t_judge / len(set_):.2f} ms per image")
+    if grid:
+        labels = [f"{c.family} {c.value:g}: truth {c.truth} judge {int(j[i])} reward {int(p[i])}"
+                  for i, c in enumerate(set_)]
+        image_grid(images[:, None], labels, scale=4, label_width=420).save(grid)
+        print("wrote", grid)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default=None, help="also write the images with their verdicts to this PNG")
+    ap.add_argument("--families", action="store_true", help="the near-miss families (world/families.py)")
+    ap.add_argument("--seed", type=int, default=0, help="with --families: the scenes' seed")
     args = ap.parse_args()
+    if args.families:
+        families(args.seed, args.grid)
+        return
     set_ = cases()
     images = torch.stack([c.image() for c in set_])
     metas = [parse_prompt(c.prompt) for c in set_]

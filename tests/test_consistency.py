@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from margrpo.models.mar import TINY_CONSISTENCY_REFERENCE
-from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_stats, plan_tokens
+from margrpo.hostsync import read_all
+from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_stats, plan_tokens, stat_tensors
 from margrpo.models.chains import ChainScorer
 from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, content_cos, loss_token_mask)
@@ -113,7 +114,7 @@ def test_loss_tokens_logs_diagnostics_without_changing_the_tokens(tiny_model):
     scorer = ChainScorer(tiny_model, ro.cfg_scale)
     for i in range(tiny_model.num_ar_steps - 1):
         plan = plan_tokens(scorer, ro, [i], [hs], method)[0]
-        stats = plan_stats([plan])[0]
+        stats = plan_stats([plan], read_all(stat_tensors([plan])))[0]
         st = ro.steps[i]
         assert sorted(stats) == sorted(CONSISTENCY_KEYS)
         # the loss tokens are those of the filter alone
@@ -129,8 +130,10 @@ def test_loss_tokens_logs_diagnostics_without_changing_the_tokens(tiny_model):
         assert qs == sorted(qs) and -1.0 <= qs[0] and qs[-1] <= 1.0
     # the last step has no speculative tokens, so no statistics
     assert loss_tokens(ro, tiny_model.num_ar_steps - 1, hs, method, R).stat_values is None
-    assert plan_stats(plan_tokens(scorer, ro, [tiny_model.num_ar_steps - 1], [hs], method)) == [{}]
+    last = plan_tokens(scorer, ro, [tiny_model.num_ar_steps - 1], [hs], method)
+    assert plan_stats(last, read_all(stat_tensors(last))) == [{}]
     # the plan uses the policy's reference
-    [stats] = plan_stats(plan_tokens(scorer, ro, [0], [hs], method))
+    first = plan_tokens(scorer, ro, [0], [hs], method)
+    [stats] = plan_stats(first, read_all(stat_tensors(first)))
     assert stats == dict(zip(CONSISTENCY_KEYS, loss_tokens(ro, 0, hs, method, R).stat_values.tolist()))
     assert stats != dict(zip(CONSISTENCY_KEYS, loss_tokens(ro, 0, hs, method, 0.0).stat_values.tolist()))

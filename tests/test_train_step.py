@@ -13,7 +13,8 @@ import torch
 
 from margrpo.training.loop import train_step
 from margrpo.models.chains import guided_output, shared_guided_output
-from margrpo.method.plan import plan_stats, plan_tokens, uncertainty_chains_needed
+from margrpo.hostsync import read_all
+from margrpo.method.plan import plan_stats, plan_tokens, stat_tensors, uncertainty_chains_needed
 from margrpo.training.trainer import NonFiniteError
 
 from test_trainer import make_trainer
@@ -30,7 +31,7 @@ def _chosen(plan) -> torch.Tensor:
 def test_token_plan_is_built_complete_and_splits_its_loss_tokens():
     tr = make_trainer(**{"methods.mar_grpo.estimator": "resample"})  # top-k, speculative tokens
     plans = tr.collect().plans
-    for p, stats in zip(plans, plan_stats(plans)):
+    for p, stats in zip(plans, plan_stats(plans, read_all(stat_tensors(plans)))):
         with pytest.raises(dataclasses.FrozenInstanceError):
             p.draw = None
         assert p.draw is not None and p.topk_counts is not None  # filled in when built
@@ -95,11 +96,12 @@ def test_the_rollouts_extra_chains_are_the_uncertainty_chains_the_plan_would_dra
     assert all(st.extra_chain is None for st in plain.steps)
     fused = plan_tokens(tr.scorer(with_extra), with_extra, ar, heads, tr.method)
     drawn = plan_tokens(tr.scorer(plain), plain, ar, heads, tr.method)
-    for a, b in zip(fused, drawn):
+    stats_fused, stats_drawn = (plan_stats(p, read_all(stat_tensors(p))) for p in (fused, drawn))
+    for a, b, sa, sb in zip(fused, drawn, stats_fused, stats_drawn):
         assert torch.equal(a.draw.rows, b.draw.rows) and a.draw.rows.numel() > 0
         assert torch.allclose(a.draw.states, b.draw.states, atol=1e-5)
         assert torch.allclose(a.draw.logp_old, b.draw.logp_old, atol=1e-4)
-        assert a.stats == pytest.approx(b.stats, rel=1e-5)
+        assert sa and sa == pytest.approx(sb, rel=1e-5)
 
 
 def test_shared_head_output_matches_the_head_on_expanded_latents(tiny_model):

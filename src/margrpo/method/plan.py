@@ -44,7 +44,6 @@ from typing import Mapping, NamedTuple
 import torch
 
 from margrpo.config import ResolvedMethod
-from margrpo.hostsync import read_all
 from margrpo.models.chains import ChainScorer, gather_rows
 from margrpo.models.noise import UNCERTAINTY
 from margrpo.models.protocol import Rollout
@@ -289,12 +288,11 @@ def stat_tensors(plans: list[TokenPlan]) -> dict[str, list[torch.Tensor]]:
             "plan/topk": [p.topk_counts for p in plans if p.topk_counts is not None]}
 
 
-def plan_stats(plans: list[TokenPlan], read: Mapping[str, list] | None = None) -> list[dict[str, float]]:
+def plan_stats(plans: list[TokenPlan], read: Mapping[str, list]) -> list[dict[str, float]]:
     """Per loss AR step, its select/* and diag/uncertainty_mean statistics, from `read` (the
-    values of `stat_tensors(plans)` read by hostsync.read_all; read here when None).
+    values of `stat_tensors(plans)`, as hostsync.read_all returns them).
     select/topk_frac and diag/uncertainty_mean are the batch's (selected over candidate
     tokens of every loss step; the mean uncertainty of the candidates), given to every step."""
-    read = read_all(stat_tensors(plans)) if read is None else read
     extra = {}
     if read["plan/topk"]:
         cand, sel, unc = zip(*read["plan/topk"])

@@ -19,15 +19,19 @@ def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
     ranks of each rank's mean over its loss AR steps. The device values, the token plan's
     statistics with them, are read in one host sync."""
     world = world or World()
-    r, groups = world.cat(batch.rewards), world.cat(batch.groups)
+    monitored = list((batch.monitored or {}).items())
+    base = [] if batch.base_rewards is None else [batch.base_rewards]
+    # the global batch, gathered over the ranks at once: rewards, group ids, monitored
+    # values, the base's rewards on the same prompts and image seeds
+    r, groups, *rest = [world.cat(t) for t in [batch.rewards, batch.groups, *(v.float().to(batch.rewards.device)
+                                                                              for _, v in monitored), *base]]
     values = {"reward/mean": r.mean(), "reward/std": r.std(), "reward/min": r.min(), "reward/max": r.max(),
               "adv/zero_std_frac": zero_std_fraction(r, groups)}
-    for key, v in (batch.monitored or {}).items():
-        values[key] = world.cat(v.float().to(batch.rewards.device)).mean()
-    if batch.base_rewards is not None:
-        # The same prompts and image seeds through the base: a control variate that removes
-        # the prompt-draw noise from the training-reward rise (report/learning.py).
-        values["reward/base_mean"] = world.cat(batch.base_rewards).mean()
+    values |= {key: v.mean() for (key, _), v in zip(monitored, rest)}
+    if base:
+        # a control variate that removes the prompt-draw noise from the training-reward
+        # rise (report/learning.py)
+        values["reward/base_mean"] = rest[-1].mean()
     read = read_all({k: [v] for k, v in values.items()} | stat_tensors(batch.plans))
     m = {k: read[k][0] for k in values}
     m["time/rollout"] = batch.rollout_s

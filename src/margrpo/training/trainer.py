@@ -343,8 +343,8 @@ class Trainer:
         pg_vals, kl_vals, moved = [], [], []  # scalar tensors per AR step / chain set, read at the end
         self.opt.zero_grad(set_to_none=True)
         for plan in plans:
-            step = step_loss(plan, self.score_step(rollout, plan, scorer, ref), adv, w, normaliser,
-                             t.clip_range, t.beta_kl)
+            scores = self.score_step(rollout, plan, scorer, ref)  # every log-prob the step's loss reads
+            step = step_loss(plan, scores, adv, w, normaliser, t.clip_range, t.beta_kl)
             # Backward per AR step rather than of the summed loss: the same gradient (the
             # steps' gradients add up in .grad), while this step's activations (its transformer
             # pass and every head pass) are freed before the next step's exist.

@@ -23,20 +23,29 @@ SUPERSAMPLE = 8
 # Shapes outside the world's family, as implicit functions of the offset (dx, dy) from the
 # centre (y down) and the half-extent r; aspect stretches x (dx is divided by it).
 FOREIGN = ("down_triangle", "plus", "star", "arrow", "ring", "right_triangle", "crescent",
-           "semicircle", "hexagon", "rectangle", "ellipse")
+           "semicircle", "hexagon", "rectangle", "ellipse", "heart")
+# Pieces cut out of a shape (Paint.cut_kind), sized by Paint.cut: a square notch at the
+# top-right corner (side cut x the box side), a bite at the right edge (radius cut x r), a
+# centred hole (radius cut x r, the shape's own outline), a wedge pointing right (angle cut
+# in degrees).
+CUTS = ("notch", "bite", "hole", "wedge")
 
 
-def _foreign_inside(shape: str, dx: np.ndarray, dy: np.ndarray, r: float) -> np.ndarray:
+def _foreign_inside(shape: str, dx: np.ndarray, dy: np.ndarray, r: float, inner: float = 0.45) -> np.ndarray:
     ax, ay = np.abs(dx), np.abs(dy)
     box = (ax <= r) & (ay <= r)
     if shape == "down_triangle":
         return box & (ax <= (r - dy) / 2)
     if shape == "plus":   # arms a third of the extent wide
         return box & ((ax <= r / 3) | (ay <= r / 3))
-    if shape == "star":   # five points: radius between 0.45 r and r by angle
+    if shape == "star":   # five points: radius between inner x r and r by angle
         ang = np.arctan2(dy, dx) + np.pi / 2
-        rad = r * (0.45 + 0.55 * np.abs(np.cos(2.5 * ang)) ** 3)
+        rad = r * (inner + (1 - inner) * np.abs(np.cos(2.5 * ang)) ** 3)
         return dx**2 + dy**2 <= rad**2
+    if shape == "heart":  # two lobes over a point down, in the box of half-side r
+        lobes = ((np.abs(dx) - 0.48 * r) ** 2 + (dy + 0.42 * r) ** 2 <= (0.52 * r) ** 2)
+        point = (dy >= -0.42 * r) & (dy <= r) & (ax <= 0.98 * (r - dy) * 0.72)
+        return box & (lobes | point)
     if shape == "arrow":  # an upward arrow: a head over a shaft
         head = (dy <= 0) & (ax <= (dy + r))
         shaft = (dy > 0) & (dy <= r) & (ax <= r / 3)
@@ -57,13 +66,28 @@ def _foreign_inside(shape: str, dx: np.ndarray, dy: np.ndarray, r: float) -> np.
     raise ValueError(f"unknown shape {shape!r}; world shapes: {SHAPES}; others: {FOREIGN}")
 
 
+def _cut_out(kind: str, shape: str, dx: np.ndarray, dy: np.ndarray, r: float, cut: float) -> np.ndarray:
+    """The region a cut of `kind` and size `cut` removes from a shape of half-side r."""
+    if kind == "notch":
+        side = cut * 2 * r
+        return (dx >= r - side) & (dy <= -r + side)
+    if kind == "bite":
+        return (dx - r) ** 2 + dy**2 <= (cut * r) ** 2
+    if kind == "hole":
+        return inside(SHAPES.index(shape), dx, dy, cut * r) if shape in SHAPES else dx**2 + dy**2 <= (cut * r) ** 2
+    if kind == "wedge":
+        return (np.abs(np.degrees(np.arctan2(dy, dx))) <= cut / 2) & (dx**2 + dy**2 > 0)
+    raise ValueError(f"unknown cut {kind!r}; cuts: {CUTS}")
+
+
 @dataclass(frozen=True)
 class Paint:
     """One object. cx, cy: centre in px (image coordinates, may lie off the canvas);
     r: half the bounding-box side in px; aspect: x stretch (> 1 wider); color: a world
     colour name or an RGB triple; color2 / split: the part left of the vertical line at
     `split` of the object's width gets `color`, the rest `color2`; alpha: contrast against white (1 =
-    full colour, 0.3 = faint); striped: the world's horizontal bands."""
+    full colour, 0.3 = faint); striped: the world's horizontal bands; inner: a star's inner
+    radius over its outer; cut_kind, cut: a piece cut out (CUTS)."""
 
     shape: str
     cx: float
@@ -75,6 +99,9 @@ class Paint:
     split: float = 1.0
     alpha: float = 1.0
     striped: bool = False
+    inner: float = 0.45  # star only: inner radius / outer radius
+    cut_kind: str | None = None  # a piece cut out of the shape (CUTS), of size `cut`
+    cut: float = 0.0
 
 
 def _rgb(color) -> np.ndarray:
@@ -89,7 +116,9 @@ def coverage(obj: Paint, size: int) -> np.ndarray:
     if obj.shape in SHAPES:
         m = inside(SHAPES.index(obj.shape), dx, dy, obj.r)
     else:
-        m = _foreign_inside(obj.shape, dx, dy, obj.r)
+        m = _foreign_inside(obj.shape, dx, dy, obj.r, obj.inner)
+    if obj.cut_kind is not None and obj.cut > 0:
+        m = m & ~_cut_out(obj.cut_kind, obj.shape, dx, dy, obj.r, obj.cut)
     return m.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE).mean((1, 3))
 
 
