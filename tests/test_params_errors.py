@@ -332,7 +332,7 @@ def test_knobs_follow_from_a_methods_settings_and_roles_name_methods():
         "g": (), "r": ("num_trajectories",), "t": ("k", "num_trajectories"), "c": ("tau",)}
     assert (p.method("g").k, p.method("g").tau, p.method("g").num_trajectories) == (1.0, -1.0, 1)  # all off
     assert (p.method("t").k, p.method("t").tau, p.method("t").num_trajectories) == (0.3, -1.0, 4)
-    with pytest.raises(ParamsError, match=r"methods.m.reads: is no longer a setting: .*\n    fix: delete the line"):
+    with pytest.raises(ParamsError, match=r"methods.m.reads: is not a setting: .*\n    fix: delete the line"):
         parse_params({"methods": {"m": {"freeze_head": True, "reads": ["train"] * 3}}})
     with pytest.raises(ParamsError, match=r"claims.grpo: 'x' names no method of params.yaml's methods \(m\)\n    fix: "
                        r"set it to the method that plays grpo, or delete the line"):

@@ -78,7 +78,7 @@ REJECTED = [
     # a -S cannot add a method or change the knobs one reads
     (["+methods.grpo.topk=true"], "train@grpo lists no knob but its settings read k, num_trajectories"),
     (["+methods.extra={freeze_head:true,topk:true}"], "no stage train@extra"),
-    (["+methods.grpo.reads=[k,train,train]"], "methods.grpo.reads: is no longer a setting"),
+    (["+methods.grpo.reads=[k,train,train]"], "methods.grpo.reads: is not a setting"),
     # the report's roles
     (["claims.resample=grpo"], "claims.resample: grpo does not have the settings of the role (estimator: single)"),
     # rules the stages' code enforced only once running (validate.params_rules)

@@ -108,10 +108,9 @@ class MethodConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _no_reads(cls, data: Any) -> Any:
-        # `reads` was a setting until dvc.yaml's train stage came to be written from the
-        # method's settings: name the fix rather than "unknown key"
+        # a hand-written list of the knobs a method reads: name the fix rather than "unknown key"
         if isinstance(data, dict) and "reads" in data:
-            raise problem("reads", "is no longer a setting: the knobs a method reads follow from its settings "
+            raise problem("reads", "is not a setting: the knobs a method reads follow from its settings "
                           f"({'; '.join(KNOB_READ_BY.values())})", "delete the line")
         return data
 
