@@ -7,7 +7,8 @@ import torch
 
 from margrpo.models.mar import TINY_CONSISTENCY_REFERENCE
 from margrpo.hostsync import read_all
-from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_stats, plan_tokens, stat_tensors
+from margrpo.method.plan import CONSISTENCY_KEYS, loss_tokens, plan_tokens
+from margrpo.training.stepstats import plan_stats, stat_tensors
 from margrpo.models.chains import ChainScorer
 from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, content_cos, loss_token_mask)

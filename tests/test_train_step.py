@@ -14,7 +14,8 @@ import torch
 from margrpo.training.loop import train_step
 from margrpo.models.chains import guided_output, shared_guided_output
 from margrpo.hostsync import read_all
-from margrpo.method.plan import plan_stats, plan_tokens, stat_tensors, uncertainty_chains_needed
+from margrpo.method.plan import plan_tokens, uncertainty_chains_needed
+from margrpo.training.stepstats import plan_stats, stat_tensors
 from margrpo.training.trainer import NonFiniteError
 
 from test_trainer import make_trainer

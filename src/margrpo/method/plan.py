@@ -13,8 +13,9 @@
    on the batch or rank it is in; `draw` picks independent repeats.
 
 The plan reads nothing back from the device but the selected tokens' indices (one read per
-loss AR step, phase 3). Its statistics stay on the device (`stat_tensors`) until the step's
-metrics read them with the batch's others in one host read (`plan_stats`).
+loss AR step, phase 3). Its statistics (TokenPlan.stat_values, topk_counts, the draws'
+effective sample sizes) stay on the device until the step's metrics read them with the
+batch's others in one host read (training/stepstats.py).
 
 Cost: when the candidates are committed tokens (`uncertainty_chains_needed`), the rollout
 draws the M uncertainty chains beside its own (models/chains.py: they share the step's
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -277,32 +278,3 @@ def plan_tokens(
                 states=reuse, states_logp=reuse_logp, logp_steps=p.head_steps, keep_rollout=True,
             ))
     return [dataclasses.replace(p, draw=d) for p, d in zip(plans, draws)]
-
-
-def stat_tensors(plans: list[TokenPlan]) -> dict[str, list[torch.Tensor]]:
-    """The plan's statistics as device tensors, grouped for hostsync.read_all (the step
-    reads them with its other metrics, in one host sync): the median effective sample size
-    of every step with chains, the consistency statistics, the top-k counts."""
-    return {"plan/ess": [p.draw.ess.median() for p in plans if p.draw is not None and p.draw.ess.numel()],
-            "plan/cons": [p.stat_values for p in plans if p.stat_values is not None],
-            "plan/topk": [p.topk_counts for p in plans if p.topk_counts is not None]}
-
-
-def plan_stats(plans: list[TokenPlan], read: Mapping[str, list]) -> list[dict[str, float]]:
-    """Per loss AR step, its select/* and diag/uncertainty_mean statistics, from `read` (the
-    values of `stat_tensors(plans)`, as hostsync.read_all returns them).
-    select/topk_frac and diag/uncertainty_mean are the batch's (selected over candidate
-    tokens of every loss step; the mean uncertainty of the candidates), given to every step."""
-    extra = {}
-    if read["plan/topk"]:
-        cand, sel, unc = zip(*read["plan/topk"])
-        n_cand, n_sel = int(sum(cand)), int(sum(sel))
-        extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(unc) / max(1, n_cand)}
-    ess, cons = iter(read["plan/ess"]), iter(read["plan/cons"])
-    out = []
-    for p in plans:
-        stats = dict(zip(CONSISTENCY_KEYS, next(cons))) if p.stat_values is not None else {}
-        if p.draw is not None:
-            stats |= extra | ({"select/ess": next(ess)} if p.draw.ess.numel() else {})
-        out.append(stats)
-    return out

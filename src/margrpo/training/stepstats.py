@@ -4,10 +4,14 @@ the token plan's selection statistics, read from the device in one host sync
 device; the step-time benchmark counts them (margrpo.hostsync)."""
 from __future__ import annotations
 
+from typing import Mapping
+
+import torch
+
 from margrpo.hostsync import read_all
 from margrpo.method.advantages import zero_std_fraction
 from margrpo.ranks.distributed import World
-from margrpo.method.plan import CONSISTENCY_KEYS, plan_stats, stat_tensors
+from margrpo.method.plan import CONSISTENCY_KEYS, TokenPlan
 
 # Mean over the plans of these per-step selection statistics goes into the step metrics.
 SELECT_KEYS = ("select/topk_frac", "select/ess", "diag/uncertainty_mean") + CONSISTENCY_KEYS
@@ -48,3 +52,32 @@ def batch_metrics(batch, world: World | None = None) -> dict[str, float]:
         if vals:
             m[key] = sum(vals) / len(vals)
     return m
+
+
+def stat_tensors(plans: list[TokenPlan]) -> dict[str, list[torch.Tensor]]:
+    """The plan's statistics as device tensors, grouped for hostsync.read_all (the step
+    reads them with its other metrics, in one host sync): the median effective sample size
+    of every step with chains, the consistency statistics, the top-k counts."""
+    return {"plan/ess": [p.draw.ess.median() for p in plans if p.draw is not None and p.draw.ess.numel()],
+            "plan/cons": [p.stat_values for p in plans if p.stat_values is not None],
+            "plan/topk": [p.topk_counts for p in plans if p.topk_counts is not None]}
+
+
+def plan_stats(plans: list[TokenPlan], read: Mapping[str, list]) -> list[dict[str, float]]:
+    """Per loss AR step, its select/* and diag/uncertainty_mean statistics, from `read` (the
+    values of `stat_tensors(plans)`, as hostsync.read_all returns them).
+    select/topk_frac and diag/uncertainty_mean are the batch's (selected over candidate
+    tokens of every loss step; the mean uncertainty of the candidates), given to every step."""
+    extra = {}
+    if read["plan/topk"]:
+        cand, sel, unc = zip(*read["plan/topk"])
+        n_cand, n_sel = int(sum(cand)), int(sum(sel))
+        extra = {"select/topk_frac": n_sel / max(1, n_cand), "diag/uncertainty_mean": sum(unc) / max(1, n_cand)}
+    ess, cons = iter(read["plan/ess"]), iter(read["plan/cons"])
+    out = []
+    for p in plans:
+        stats = dict(zip(CONSISTENCY_KEYS, next(cons))) if p.stat_values is not None else {}
+        if p.draw is not None:
+            stats |= extra | ({"select/ess": next(ess)} if p.draw.ess.numel() else {})
+        out.append(stats)
+    return out
