@@ -1,7 +1,7 @@
 """The token plan of a rollout batch: what each loss AR step scores, fixed before the update.
 
 `plan_tokens` runs without grad at theta_old (method.md §2-§3) and returns one immutable
-`TokenPlan` per AR step in the loss, built in four phases:
+`TokenPlan` per AR step in the loss, built in three phases:
 
 1. tokens (`loss_tokens`): the tokens the step committed, plus, for the
    `committed+speculative` scope, the still-masked tokens that pass the consistency filter;
@@ -231,7 +231,7 @@ def plan_tokens(
     method: ResolvedMethod,
     draw: int = 0,
 ) -> list[TokenPlan]:
-    """The token plan of every loss AR step, in the module docstring's four phases.
+    """The token plan of every loss AR step, in the module docstring's three phases.
     scorer: the policy at theta_old and how the loss scores its chains; head_steps: [S]
     long per AR step; draw: which independent repeat of the multi-trajectory chains (0 for
     training; the gradient probe compares draw 0 with draw 1)."""
