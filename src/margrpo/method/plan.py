@@ -52,7 +52,7 @@ from margrpo.method.estimators import ESTIMATOR_STREAMS, ChainDraw, ChainNoise, 
 from margrpo.method.selection import (DIAG_QUANTILES, DIAG_TAUS, consistency_diagnostics, consistency_keep,
                                   consistency_score, loss_token_mask, uncertainty_topk)
 
-# Per-step consistency statistics (TokenPlan.stats), in the order `loss_tokens` computes
+# Per-step consistency statistics (TokenPlan.stat_values), in the order `loss_tokens` computes
 # them: the fraction of the step's speculative tokens the filter keeps at the method's tau
 # (the tokens actually used), then diagnostics that change nothing in the loss: the fraction
 # it would keep at each tau of DIAG_TAUS, and quantiles of the score over those tokens.
