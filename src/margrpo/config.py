@@ -36,7 +36,8 @@ from margrpo.checkfiles import CorruptFileError, check_model_dir
 from margrpo.paramfile import ParamsError, parse_overrides
 # The model and data sections live in config_sections; loading and pretraining import
 # ModelConfig, SamplingConfig and PretrainConfig from here.
-from margrpo.config_sections import ModelConfig, PretrainConfig, RewardSpec, SamplingConfig, Strict, WorldConfig, problem
+from margrpo.config_sections import (EvaluateConfig, ModelConfig, PretrainConfig, RewardSpec, RuntimeConfig,
+                                     SamplingConfig, Strict, WorldConfig, problem)
 
 __all__ = ["Params", "ParamsError", "load_params", "parse_params", "parse_overrides", "ModelConfig", "PretrainConfig",
            "SamplingConfig"]
@@ -210,50 +211,6 @@ class TrainConfig(Strict):
         if not self.cfg_consistent:
             return "cond"
         return "guided_full" if self.cfg_null_grad else "guided"
-
-
-class EvaluateConfig(Strict):
-    images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed")
-    seed: int = Field(1234, description="seed of the per-image seeds, the same for every target")
-    batch_size: int = Field(64, ge=1, description="images per sampling batch of every evaluation (held-out during "
-                            "training, test, sample_baseline)")
-    grid_prompts: int = Field(8, ge=1, description="prompts shown in a sample grid (grid.png)")
-
-
-class RuntimeConfig(Strict):
-    """Where and how the model computes (margrpo.models.device.place) and over how many
-    processes and machines (margrpo.ranks.launch)."""
-
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when PyTorch sees a GPU, else CPU")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="transformer / head forward passes; log-probs, advantages and losses stay float32")
-    nproc: int | Literal["auto"] = Field(
-        "auto", description="torchrun ranks per node that train and evaluate data-parallel (1 = one process); auto: "
-        "one per visible GPU on CUDA, 2 on the CPU, lowered until every method's prompts per step split into whole "
-        "groups per rank")
-    nnodes: int = Field(1, ge=1, description="machines of a multi-node run; a scheduler starts each stage once per "
-                        "node, and every node must see the same workspace (a shared filesystem)")
-    rdzv_endpoint: str = Field("", description="host:port of torchrun's c10d rendezvous when nnodes > 1; empty: "
-                               "$MASTER_ADDR:$MASTER_PORT (port 29500 when unset)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nproc(cls, data: Any) -> Any:
-        # one message for both forms (pydantic would report the int and the literal apart)
-        nproc = data.get("nproc", "auto") if isinstance(data, dict) else "auto"
-        if nproc != "auto" and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
-            raise problem("nproc", f"{nproc!r} is neither a positive number of ranks nor auto",
-                          "set it to auto (one rank per GPU, 2 on the CPU) or to a number of ranks >= 1")
-        return data
-
-    @model_validator(mode="after")
-    def _endpoint(self) -> "RuntimeConfig":
-        if self.rdzv_endpoint:
-            host, _, port = self.rdzv_endpoint.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise problem("rdzv_endpoint", f"{self.rdzv_endpoint!r} is not host:port",
-                              "give the first node's host name or address and a free port, e.g. node01:29500")
-        return self
 
 
 class Params(Knobs):

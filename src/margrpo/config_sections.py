@@ -1,5 +1,5 @@
-"""The schemas of params.yaml's model and data sections (world, model, pretrain, sampling,
-rewards) and the error helper every section's validator raises; margrpo.config builds
+"""The schemas of params.yaml's sections (world, model, pretrain, sampling, rewards, evaluate,
+runtime) and the error helper every section's validator raises; margrpo.config builds
 `Params` from them and re-exports them. No torch, no backend import (see margrpo.config).
 """
 from __future__ import annotations
@@ -147,3 +147,47 @@ def finite(value: Any) -> bool:
     if isinstance(value, dict):
         return all(map(finite, value.values()))
     return True
+
+
+class EvaluateConfig(Strict):
+    images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed")
+    seed: int = Field(1234, description="seed of the per-image seeds, the same for every target")
+    batch_size: int = Field(64, ge=1, description="images per sampling batch of every evaluation (held-out during "
+                            "training, test, sample_baseline)")
+    grid_prompts: int = Field(8, ge=1, description="prompts shown in a sample grid (grid.png)")
+
+
+class RuntimeConfig(Strict):
+    """Where and how the model computes (margrpo.models.device.place) and over how many
+    processes and machines (margrpo.ranks.launch)."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when PyTorch sees a GPU, else CPU")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="transformer / head forward passes; log-probs, advantages and losses stay float32")
+    nproc: int | Literal["auto"] = Field(
+        "auto", description="torchrun ranks per node that train and evaluate data-parallel (1 = one process); auto: "
+        "one per visible GPU on CUDA, 2 on the CPU, lowered until every method's prompts per step split into whole "
+        "groups per rank")
+    nnodes: int = Field(1, ge=1, description="machines of a multi-node run; a scheduler starts each stage once per "
+                        "node, and every node must see the same workspace (a shared filesystem)")
+    rdzv_endpoint: str = Field("", description="host:port of torchrun's c10d rendezvous when nnodes > 1; empty: "
+                               "$MASTER_ADDR:$MASTER_PORT (port 29500 when unset)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nproc(cls, data: Any) -> Any:
+        # one message for both forms (pydantic would report the int and the literal apart)
+        nproc = data.get("nproc", "auto") if isinstance(data, dict) else "auto"
+        if nproc != "auto" and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
+            raise problem("nproc", f"{nproc!r} is neither a positive number of ranks nor auto",
+                          "set it to auto (one rank per GPU, 2 on the CPU) or to a number of ranks >= 1")
+        return data
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> "RuntimeConfig":
+        if self.rdzv_endpoint:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise problem("rdzv_endpoint", f"{self.rdzv_endpoint!r} is not host:port",
+                              "give the first node's host name or address and a free port, e.g. node01:29500")
+        return self
