@@ -34,6 +34,7 @@ class PartDesign:
     sd: float      # the pilot's sd of one seed's value of the part (a difference where paired)
     design: str    # 'one-sample' or 'paired' (report/inference.py)
     metric: str | None = None  # score parts: the metric their sd comes from
+    versus: str | None = None  # score parts: 'base' or 'trained', the arm compared against
 
     def power(self, n) -> float:
         return inf.power(self.effect, self.sd, n, design=self.design)
@@ -90,7 +91,7 @@ def _part(key: str, raw: dict, where: str, pilot: dict[str, Components], eval_sc
             raise ValueError(f"{DESIGN_FILE}: {where}.versus = {versus!r}, expected one of {VERSUS}")
         c = pilot[metric]
         sd = inf.diff_sd((c.sigma_t, c.sigma_t if versus == "trained" else 0.0), c.sigma_e, c.rho_e, eval_scale)
-        return PartDesign(key, delta, effect, sd, "paired", metric)
+        return PartDesign(key, delta, effect, sd, "paired", metric, versus)
     design = raw.get("design")
     if design not in DESIGNS:
         raise ValueError(f"{DESIGN_FILE}: {where}.design = {design!r}, expected one of {DESIGNS} (or a metric)")
