@@ -1,10 +1,12 @@
 """Stage report: reports/report.md, reports/report.html (self-contained) and
-reports/summary.json (claim verdicts and headline scores, DVC metrics). The study's MLflow
+reports/summary.json (claim verdicts and headline scores, DVC metrics), with the claims'
+margins, effects and power from study_design.yaml. The study's MLflow
 parent run gets the report and the headline numbers, so the runs table shows them.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pipeline import common, proc
 
@@ -22,12 +24,14 @@ def provenance(study) -> str:
 
 @proc.task()
 def write_report(params, subtitle: str) -> dict:
+    from margrpo.report import design
     from margrpo.report.build import build
     from margrpo.report.render import to_html, to_markdown
 
     methods = list(params.methods)
     staged = common.staging_dir(common.REPORTS / "figures")
-    sections, summary = build(params, [*common.EVAL_TARGETS, *methods], methods, common.REPORTS, staged)
+    sections, summary = build(params, [*common.EVAL_TARGETS, *methods], methods, common.REPORTS, staged,
+                              design.read(Path(design.DESIGN_FILE)))
     common.replace_dir(staged, common.REPORTS / "figures")
     for s in sections:  # the figures now live in reports/figures
         for f in s.figures:

@@ -151,14 +151,15 @@ def test_claim4_is_judged_on_resample_with_posterior_in_the_note():
     assert "not yet run: k=1, tau=-1" in c4.note
 
 
-def test_claim4_no_difference_and_seeds_needed():
+def test_claim4_no_difference_and_inconclusive():
     centre = _record("centre-c0", "centre", {"mar_grpo": ({}, _scores())})
     near = _record("abl-k0.5", "k", {"mar_grpo": ({}, _scores(0.0, {"0": 0.004, "1": -0.002, "2": 0.001}))}, k=0.5)
     assert ablation.claim4([centre, near]).status == NO_DIFF
     noisy = _record("abl-k0.1", "k", {"mar_grpo": ({}, _scores(0.0, {"0": 0.06, "1": -0.05, "2": 0.01}))}, k=0.1)
     c4 = ablation.claim4([centre, near, noisy])
     assert c4.status == UNSURE
-    assert "seeds for ±0.03" in c4.parts[0].render()
+    # centre − k=0.1: d = −0.007, t-interval over the 3 seeds ±4.303 se
+    assert c4.parts[0].render().endswith("d -0.007 [-0.143, +0.130] (inconclusive)") and c4.parts[0].key == "k=0.1"
     assert ablation.claim4([centre]) is None  # nothing to compare: not judged
 
 
@@ -269,7 +270,7 @@ def test_one_seed_long_run_judges_claims_1_2_on_blocks(slope, verdict):
     assert all(p.se > 0 for c in claims.values() for p in c.parts)  # the blocks' spread, not a cancelled zero
     # the frozen single-chain method is grpo_frozen (grpo_frozen_spec has no long-run role)
     assert all("grpo_frozen_spec" not in p.text for p in claims[2].parts)
-    assert all(p.needed is None and "seeds per group" not in p.render() for c in claims.values() for p in c.parts)
+    assert all("power" not in p.render() for c in claims.values() for p in c.parts)  # no design: no power claimed
     study = [Claim(1, "c1", note="study note"), Claim(2, "c2")]
     ablation.note_long_verdicts(study, [rec])
     assert study[0].note == (f"study note; long run long-x10 (200 steps, seed 0, replicates: 5 blocks of one run): "

@@ -7,6 +7,7 @@ import pytest
 
 from margrpo.report.claims import (DELTA, FAILS, HOLDS, NO_DIFF, RULE, STATUS_CODE, UNSURE, Claim, Part, build_claims,
                                    compare, compare_stats, interval_verdict, one_sample)
+from margrpo.report import inference as inf
 from margrpo.report.intervals import Interval
 
 METHODS = {
@@ -23,11 +24,15 @@ def _train(kl: list[float], reward: list[float]) -> dict:
             "growth": {"loss/kl": kl, "diag/grad_norm_ar": [0.0, 0.1, -0.1]}}
 
 
-def test_compare_uses_two_standard_errors():
+def test_compare_uses_paired_t_tests():
     assert compare("x", [1.0, 1.1, 0.9], [0.0, 0.1, -0.1]).status == HOLDS
+    # d = −1 beyond −delta: does not hold; with a margin of 2 the same d is not a refutation
     assert compare("x", [0.0, 0.1, -0.1], [1.0, 1.1, 0.9]).status == FAILS
-    assert compare("x", [0.0, 0.5, -0.5], [0.1, 0.6, -0.4]).status == UNSURE
+    assert compare("x", [0.0, 0.1, -0.1], [1.0, 1.1, 0.9], delta=2.0).status == NO_DIFF
+    assert compare("x", [0.0, 0.5, -0.5], [0.1, 0.6, -0.4]).status == FAILS  # paired: exactly −0.1 each seed
+    assert compare("x", [0.0, 0.5, -0.5], [0.1, 0.7, -0.4]).status == UNSURE
     assert compare("x", [1.0], [0.0]).status == UNSURE  # one seed: no standard error
+    assert compare("x", [1.0, 1.1, 0.9, 1.0], [0.0, 0.1, -0.1]).df == 5  # unequal seeds: two-sample, pooled
 
 
 def test_mte_claim_compares_against_the_frozen_head_single_method():
@@ -101,11 +106,13 @@ def test_one_seed_interval_is_inconclusive_whatever_its_width():
 
 def test_interval_verdicts_and_the_no_difference_band():
     assert interval_verdict(_iv(0.01, 0.05)) == HOLDS
-    assert interval_verdict(_iv(-0.05, -0.001)) == FAILS
+    assert interval_verdict(_iv(-0.05, -0.031)) == FAILS
+    assert interval_verdict(_iv(-0.05, -0.001)) == UNSURE  # below 0 but not below −delta: no refutation
+    assert interval_verdict(_iv(-0.029, -0.001)) == NO_DIFF  # within ±delta is tested before "below"
     assert interval_verdict(_iv(-0.02, 0.029)) == NO_DIFF
     assert interval_verdict(_iv(-0.02, 0.031)) == UNSURE  # reaches past +delta
     assert interval_verdict(_iv(0.001, 0.02)) == HOLDS  # above 0 takes precedence over the band
-    assert DELTA == 0.03 and f"δ = {DELTA}" in RULE and "no difference larger than δ" in RULE
+    assert DELTA == 0.03 and "study_design.yaml" in RULE and "no difference larger than δ" in RULE
     assert STATUS_CODE == {HOLDS: 1, UNSURE: 0, FAILS: -1, NO_DIFF: 2}
 
 
@@ -113,25 +120,30 @@ def test_claim_status_combines_score_and_training_parts():
     def claim(*parts):
         return Claim(0, "x", list(parts))
 
-    nodiff, unsure = Part("s", 0.0, None, NO_DIFF, score=True), Part("s", 0.0, None, UNSURE, score=True)
-    held, failed = Part("t", 1.0, 0.1, HOLDS), Part("t", -1.0, 0.1, FAILS)
+    def part(d, se, score=False, delta=0.03):
+        return Part("p", d, se, score=score, df=10.0, delta=delta).judge()
+
+    nodiff, unsure = part(0.0, 0.005, score=True), part(0.0, 0.05, score=True)
+    held, failed = part(1.0, 0.1), part(-1.0, 0.1)
     assert claim(nodiff, nodiff, held).status == NO_DIFF  # every score part within ±delta
     assert claim(nodiff, unsure, held).status == UNSURE
-    assert claim(nodiff, failed).status == FAILS  # any part that does not hold
-    assert claim(held, Part("s", 0.1, None, HOLDS, score=True)).status == HOLDS
-    assert claim(held, Part("t2", 0.0, 0.1, UNSURE)).status == UNSURE  # no score part: never "no difference"
+    assert claim(nodiff, failed).status == FAILS  # a part that does not hold, after Holm
+    assert claim(held, part(0.1, 0.01, score=True)).status == HOLDS
+    assert claim(held, part(0.0, 0.1)).status == UNSURE  # no score part: never "no difference"
+    # p(does not hold) 0.02 alone refutes; Holm over two parts (0.04 > 0.025) does not
+    edge = part(-0.03 - 0.1 * float(inf.st.t.isf(0.02, 10)), 0.1)
+    assert edge.status == FAILS and claim(edge, held).status == UNSURE
+    assert claim(edge, held).part_statuses() == [UNSURE, HOLDS]
 
 
-def test_part_render_shows_the_interval_and_the_seeds_needed():
-    unsure = Part("GenEval overall, a − b", 0.031, None, UNSURE, score=True,
-                  interval=Interval(0.031, -0.004, 0.066, 3, 40, seed_var=0.003, prompt_var=0.00005))
-    text = unsure.render()
-    assert text.startswith("GenEval overall, a − b: d +0.031 [-0.004, +0.066] (inconclusive; ~")
-    assert text.endswith(" seeds for ±0.03)")
-    one_seed = Part("x", 0.031, None, UNSURE, score=True, interval=Interval(0.031, -0.004, 0.066, 1, 40))
-    assert "one seed" in one_seed.render()
-    held = Part("x", 0.05, None, HOLDS, score=True, interval=_iv(0.02, 0.08)).render()
-    assert held == "x: d +0.050 [+0.020, +0.080] (holds)"
+def test_part_render_shows_the_interval_and_the_design_power():
+    iv = Interval(0.031, -0.004, 0.066, 3, 40, se=0.0081, df=2.0)
+    unsure = Part("GenEval overall, a − b", 0.031, 0.0081, UNSURE, score=True, interval=iv, df=2.0,
+                  power=0.12, effect=0.05)
+    # the bounds come from d, se and df: 0.031 ± 4.303 · 0.0081
+    assert unsure.render() == "GenEval overall, a − b: d +0.031 [-0.004, +0.066] (inconclusive; power 12% at +0.05)"
+    assert "one seed" in Part("x", 0.031, math.nan, UNSURE).render()
+    assert Part("x").render() == "x: not measured"
 
 
 def test_score_parts_use_the_paired_interval_where_per_prompt_scores_exist():
@@ -139,15 +151,17 @@ def test_score_parts_use_the_paired_interval_where_per_prompt_scores_exist():
              "grpo_frozen": _train([0.01, 0.02, 0.03], [0.5, 0.51, 0.52]),
              "mar_grpo": _train([0.01, 0.02, 0.03], [0.6, 0.61, 0.62])}
     # Seed-level scores say nothing (huge spread); the per-prompt scores pair exactly.
-    evals = {t: {"eval/geneval/overall": [0.0, 1.0, 0.5], "eval/t2i/mean": [0.0, 1.0, 0.5]}
-             for t in ("base", "grpo", "grpo_frozen", "mar_grpo")}
+    spread = {"base": [0.0, 1.0, 0.5], "grpo": [1.0, 0.5, 0.0], "grpo_frozen": [0.5, 0.0, 1.0],
+              "mar_grpo": [0.0, 0.5, 1.0]}
+    evals = {t: {"eval/geneval/overall": v, "eval/t2i/mean": v} for t, v in spread.items()}
     per_prompt = {"base": _per_prompt(0.3), "grpo": _per_prompt(0.5), "grpo_frozen": _per_prompt(0.4, jitter=0.02),
                   "mar_grpo": _per_prompt(0.4)}
     claims = {c.number: c for c in build_claims(train, evals, METHODS, ROLES, {}, per_prompt)}
     c3 = {p.text: p for p in claims[3].parts}
     geneval = c3["GenEval overall, mar_grpo − grpo_frozen"]
     assert geneval.interval is not None and geneval.d == pytest.approx(0.0, abs=1e-12)
-    assert -DELTA < geneval.interval.low < 0 < geneval.interval.high < DELTA and geneval.status == NO_DIFF
+    # the prompt jitter averages out within each tag: the same statistic every seed, a point interval
+    assert -DELTA < geneval.interval.low <= 0 <= geneval.interval.high < DELTA and geneval.status == NO_DIFF
     assert c3["final reward, mar_grpo − grpo_frozen"].interval is None  # a training part: the seed rule
     assert claims[3].status == NO_DIFF  # its score parts are within ±delta; the others hold
     c5 = {p.text: p.status for p in claims[5].parts}
@@ -171,19 +185,14 @@ def test_score_parts_pair_on_the_common_seeds():
     assert part.interval.seeds == 2 and part.d == pytest.approx(0.1) and part.status == HOLDS
 
 
-def test_inconclusive_seed_rule_parts_state_the_seeds_they_would_need():
-    # d = 0.1, sa = sb = 0.1 (3 seeds each): 2se = 0.163 > d; 2se = d at n = 4 (0.01 + 0.01) / 0.01 = 8,
-    # so 9 seeds per group put d beyond 2se
-    part = compare("final reward, a − b", [0.2, 0.3, 0.1], [0.1, 0.2, 0.0])
-    assert part.status == UNSURE and part.needed == pytest.approx(8.0)
-    assert part.render() == "final reward, a − b: d +0.100, 2se 0.163 (inconclusive; 9 seeds per group for 2se < |d|)"
-    flat = compare("x", [0.1, 0.2, 0.0], [0.1, 0.2, 0.0])
-    assert flat.render().endswith("(inconclusive; no difference measured)")
-    tiny = compare("x", [0.2, 0.3, 0.1001], [0.2, 0.3, 0.1])  # d = 3e-5 against a spread of 0.1
-    assert tiny.render().endswith("(inconclusive; > 1000 seeds per group for 2se < |d|)")
-    nan = compare_stats("x", (math.nan, 0.1, 3), (0.0, 0.1, 3))
-    assert nan.render().endswith("(inconclusive; no difference measured)")
-    one = one_sample("growth", [0.1, -0.05, 0.04])  # d = 0.03, s = 0.0764: 4 s² / d² = 25.9
-    assert one.status == UNSURE and one.render().endswith("(inconclusive; 26 seeds per group for 2se < |d|)")
-    held = compare("x", [1.0, 1.1, 0.9], [0.0, 0.1, -0.1])
-    assert held.render() == "x: d +1.000, 2se 0.163 (holds)"  # a decided part needs no count
+def test_seed_rule_parts_by_hand():
+    # d = 0.1 every seed: se 0 -> holds; one_sample of [0.1, -0.05, 0.04]: d 0.03, sd 0.0755, se 0.04359, df 2
+    assert compare("x", [0.2, 0.3, 0.1], [0.1, 0.2, 0.0]).status == HOLDS
+    one = one_sample("growth", [0.1, -0.05, 0.04])
+    assert (one.d, one.se, one.df) == pytest.approx((0.03, 0.04359, 2.0), abs=1e-4) and one.status == UNSURE
+    # Welch from summary statistics: se sqrt(0.01/3 + 0.01/3) = 0.08165, df 4
+    stats = compare_stats("x", (0.3, 0.1, 3), (0.0, 0.1, 3))
+    assert (stats.se, stats.df) == pytest.approx((0.08165, 4.0), abs=1e-4) and stats.status == HOLDS
+    assert compare_stats("x", (math.nan, 0.1, 3), (0.0, 0.1, 3)).status == UNSURE
+
+

@@ -188,7 +188,21 @@ def test_score_interval_reads_the_pool_sizes():
     prompts = [{"prompt": t, "tag": "single_object", "category": None, "subset": "reused", "pool": 2}
                for t in ("a circle", "a square")]
     data = {"prompts": prompts, "final": {"0": {"geneval": [0.0, 1.0]}, "1": {"geneval": [0.5, 0.5]}}}
-    iv = score_interval(data, "eval/geneval/overall")
+    iv = score_interval(data, "eval/geneval/overall", method="bootstrap")
     assert iv.low == 0.5 and iv.high == 0.5   # the seeds agree on the mean; the space is listed whole
     del prompts[0]["pool"]                    # without a pool size the prompts are a sample
-    assert score_interval(data, "eval/geneval/overall").high > 0.5
+    assert score_interval(data, "eval/geneval/overall", method="bootstrap").high > 0.5
+
+
+def test_score_interval_is_a_t_interval_over_seeds():
+    # per seed: mean over tags of the tag mean; grpo − base in the committed study per seed
+    gains = [0.057, 0.001, 0.081]
+    prompts = [{"prompt": "p", "tag": "colors", "category": None, "subset": "test"}]
+    data = {"prompts": prompts, "final": {str(s): {"geneval": [0.3 + g]} for s, g in enumerate(gains)}}
+    base = {"prompts": prompts, "final": {str(s): {"geneval": [0.3]} for s in range(3)}}
+    iv = score_interval(data, "eval/geneval/overall", minus=base)
+    # mean 0.046333, se 0.023702, t_0.975(2) = 4.302653 (tests/test_inference.py)
+    assert (iv.point, iv.low, iv.high) == pytest.approx((0.046333, -0.05565, 0.14832), abs=1e-4)
+    assert iv.df == 2 and iv.se == pytest.approx(0.023702, abs=1e-6) and iv.seeds == 3
+    one = score_interval({"prompts": prompts, "final": {"0": {"geneval": [0.4]}}}, "eval/geneval/overall")
+    assert math.isnan(one.low) and one.cell() == "0.400 (one seed: no interval)"

@@ -94,15 +94,20 @@ def test_best_section_falls_back_to_per_seed_records(tmp_path):
     assert with_best.tables[0].rows[0][4] == "+0.150 [+0.150, +0.150]"
 
 
-def test_held_out_summary_reads_the_intervals():
-    text = summary_text.held_out({}, ["grpo", "mar_grpo"],
-                                 per_prompt={"base": _pp(0.4), "grpo": _pp(0.5), "mar_grpo": _pp(0.41)})
-    assert "grpo 0.560 [" in text and "(+0.100 [+0.100, +0.100]: better)" in text
-    assert "Better than the base (interval of the gain above 0): grpo, mar_grpo." in text
-    # control: without per-prompt scores the seed rule's sentence
-    plain = summary_text.held_out({"base": {"eval/geneval/overall": [0.4, 0.41, 0.39]},
-                                   "grpo": {"eval/geneval/overall": [0.5, 0.51, 0.49]}}, ["grpo"])
-    assert "[" not in plain and "2se" in plain
+def test_summary_is_one_line_per_method():
+    per_prompt = {"base": _pp(0.4), "grpo": _pp(0.5), "mar_grpo": _pp(0.41)}
+    stats = {"grpo": {"final": {"reward/mean": [0.5, 0.6]}, "growth": {"reward/mean": [0.1, 0.2]}}}
+    lines = summary_text.method_lines(per_prompt, {}, stats, ["grpo", "mar_grpo"])
+    assert len(lines) == 3 and lines[0].startswith("base: test GenEval overall 0.460 [")
+    assert lines[1].startswith("grpo: test GenEval overall 0.560 [0.535, 0.585]; gain over base +0.100 "
+                               "[+0.100, +0.100] better; T2I mean gain")
+    assert lines[1].endswith("; training reward 0.550 (+0.150 from the early window).")
+    assert "gain over base +0.010 [+0.010, +0.010] better" in lines[2]  # above 0 wins over "within ±δ"
+    # control: without per-prompt scores the per-seed values, paired by seed
+    plain = summary_text.method_lines({}, {"base": {"eval/geneval/overall": [0.4, 0.41, 0.39]},
+                                           "grpo": {"eval/geneval/overall": [0.5, 0.52, 0.49]}}, {}, ["grpo"])
+    assert plain[0] == "base: test GenEval overall 0.400 (mean [95% t-interval over seeds], final checkpoints)."
+    assert "gain over base +0.103 [" in plain[1] and "T2I mean gain not measured" in plain[1]
 
 
 def _history(n: int, judge: bool = True, consistency: bool = False, offset: float = 0.0) -> list[dict]:

@@ -72,11 +72,12 @@ def rows(reports: Path, names: dict[str, str], seeds: list, delta: float,
     order = [r for r in DECISIVE if r in pp]
     for i, a in enumerate(order):
         for b in order[i + 1:]:
-            iv = score_interval(pp[a], OVERALL, minus=pp[b])
+            iv = score_interval(pp[a], OVERALL, minus=pp[b], method="bootstrap")
             if iv is None or not math.isfinite(iv.seed_var):
                 out.append([f"{names[a]} − {names[b]}", "–", str(iv.seeds if iv else 0)] + ["–"] * 6)
                 continue
-            unpaired = score_interval(pp[a], OVERALL).seed_var + score_interval(pp[b], OVERALL).seed_var
+            unpaired = (score_interval(pp[a], OVERALL, method="bootstrap").seed_var
+                        + score_interval(pp[b], OVERALL, method="bootstrap").seed_var)
             upper = (iv.seeds - 1) * iv.seed_var / chi2.ppf(1 - UPPER, iv.seeds - 1)
             n_rule = needed(iv.seed_var, iv.prompt_var, z_rule, delta, iv.seeds)
             decisive.append(n_rule)

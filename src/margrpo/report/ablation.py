@@ -201,7 +201,7 @@ def _frozen_centre(records: list[dict], s: Series) -> tuple[str, dict, str] | No
 def _cell(iv, signed: bool = False) -> str:
     if iv is None:
         return "–"
-    return iv.cell(signed) if iv.seeds > 1 else f"{iv.cell(signed)} (one seed: prompts only)"
+    return iv.cell(signed)
 
 
 def comparisons(s: Series) -> list[tuple[float, Part]]:
@@ -216,6 +216,7 @@ def comparisons(s: Series) -> list[tuple[float, Part]]:
         other = f"{s.knob}={v:g}" + ("" if method == s.method else f" ({method})")
         if v != centre and (part := interval_part(f"GenEval overall, {s.knob}={centre:g} − {other} ({s.label})",
                                                   pp_c, pp, OVERALL)):
+            part.key = f"{s.knob}={v:g}"  # its name in study_design.yaml
             out.append((v, part))
     return out
 
@@ -335,9 +336,6 @@ def long_claims(rec: dict) -> tuple[list[Claim], bool]:
     stats = {m: block_stats(next(iter(h.values()))) if one_seed else train_stats(h) for m, h in histories.items()}
     roles = {e["role"]: m for m, e in rec["methods"].items() if m in configs}
     claims = [c for c in build_claims(stats, {}, configs, roles, {}) if c.number in (1, 2)]
-    if one_seed:
-        for part in (p for c in claims for p in c.parts):
-            part.needed = None  # blocks, not seeds: no seed count follows from their spread
     return claims, one_seed
 
 
@@ -385,8 +383,8 @@ def section(records: list[dict], figures: Path) -> tuple[list[Section], Claim | 
             "only when everything but the knob is equal (code, other params, method block)."], [table],
             anchor="ablation")
         if path := interval_figure(panels, figures / "ablation_knobs.png", "test GenEval overall"):
-            sec.figures.append(Figure(path, "Test GenEval overall against k, M and tau (95% interval over seeds "
-                                            "and prompts), one line per method"))
+            sec.figures.append(Figure(path, "Test GenEval overall against k, M and tau (95% t-interval over "
+                                            "seeds), one line per method"))
         sections.append(sec)
     sections += long_run(records, figures)
     summary = {}

@@ -8,10 +8,10 @@ from pathlib import Path
 from margrpo.report import ablation
 from margrpo.report import summary as summary_text
 from margrpo.report.checks import consistency_section, judge_section
-from margrpo.report.claims import NOT_JUDGED, RULE, STATUS_CODE, build_claims
+from margrpo.report.claims import DELTA, ERROR_RATE, NOT_JUDGED, RULE, STATUS_CODE, Claim, apply_design, build_claims
 from margrpo.report.curves import read_history, train_stats
-from margrpo.report.figures import plot_curves, scores_figure, selection_figure
-from margrpo.report.intervals import read_per_prompt
+from margrpo.report.figures import forest_figure, plot_curves, scores_figure, selection_figure
+from margrpo.report.intervals import read_per_prompt, score_interval
 from margrpo.report.learning import PAIRED_KEY, reward_hacking, reward_rise, rise_key, steps_to_detect
 from margrpo.report.render import Figure, Section, Table
 from margrpo.report.score_tables import (INTERVAL_TEXT, best_section, fmt, headline, novel_section,
@@ -42,10 +42,12 @@ def _read_json(path: Path, stage: str) -> dict:
 
 
 def build(params, targets: list[str], methods: list[str], reports: Path,
-          figures: Path | None = None) -> tuple[list[Section], dict]:
+          figures: Path | None = None, design=None) -> tuple[list[Section], dict]:
     """Report sections and summary from what the stages wrote under `reports` (eval/<target>/,
     train/<method>/seeds/seed<s>/, baseline/): the trained weights are not needed. Figures
-    are written to `figures` (default reports/figures)."""
+    are written to `figures` (default reports/figures). design: the study design (report/
+    design.py) that gives each claim part its margin, effect and power; None: score parts
+    use claims.DELTA, other parts a margin of 0, and no power is stated."""
     import yaml
 
     figures = Path(figures or reports / "figures")
@@ -70,11 +72,9 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     if knob_claim is not None:
         claims = sorted([*claims, knob_claim], key=lambda c: c.number)
     ablation.note_long_verdicts(claims, records)
+    apply_design(claims, design, len(seeds))
 
-    opening = [summary_text.held_out(eval_values, methods, per_prompt=per_prompt),
-               summary_text.reward_vs_judge(per_prompt, methods), summary_text.training(stats, base_reward),
-               summary_text.claims_line(claims)]
-    sections = [Section("Summary", anchor="summary", paragraphs=[p for p in opening if p])]
+    sections = _opening(claims, per_prompt, eval_values, stats, methods, figures, len(seeds))
 
     spread = f"mean ± std over {len(seeds)} replicate(s)"
     if per_prompt:
@@ -158,8 +158,10 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
          "as " + ", ".join(f"{code} {status}" for status, code in STATUS_CODE.items()) + "."]
         + [f"Claim {n} ({text}) is not in the table: it {why}." for n, (text, why) in NOT_JUDGED.items()
            if n not in {c.number for c in claims}],
-        [Table(["#", "claim", "verdict", "evidence", "note"],
-               [[str(c.number), c.claim, c.status, [p.render() for p in c.parts] or "–", c.note or "–"]
+        [Table(["#", "claim", "verdict", "evidence (each part's verdict within the claim)", "note"],
+               [[str(c.number), c.claim, c.status,
+                 [f"{p.render()}" + ("" if s == p.status else f" → {s} within the claim")
+                  for p, s in zip(c.parts, c.part_statuses())] or "–", c.note or "–"]
                 for c in claims])], anchor="claims"))
     sections.append(Section("Params used", [], [], [], yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)))
 
@@ -172,6 +174,41 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
     if ablation_summary:
         summary["ablation"] = ablation_summary
     return sections, summary
+
+
+def _opening(claims: list[Claim], per_prompt: dict, evals: dict, stats: dict, methods: list[str],
+             figures: Path, seeds: int, base: str = "base") -> list[Section]:
+    """The first screen: the forest plot of every gain over the base and every claim part,
+    the claims with verdict, error rate and power, then one line per method."""
+    gains = []
+    for m in methods:
+        if per_prompt.get(m) and per_prompt.get(base):
+            iv = score_interval(per_prompt[m], summary_text.HEADLINE[0], minus=per_prompt[base])
+            if iv is not None:
+                gains.append((m, iv.point, iv.low, iv.high, DELTA))
+    # Claim parts in units of their own margin (d / delta), so every part shares the ±1 band.
+    parts = [(f"claim {c.number}: {p.text}", p.d / p.delta, low / p.delta, high / p.delta, 1.0)
+             for c in claims for p in c.parts if p.d is not None and p.delta > 0 for low, high in [p.bounds()]]
+    forest = Section("At a glance", anchor="glance")
+    if path := forest_figure([(f"Gain over the {base}: test {summary_text.HEADLINE[1]}", gains),
+                              ("Claim parts: d / δ", parts)], figures / "forest.png"):
+        forest.figures.append(Figure(path, f"Top: every method's gain over the {base} (test "
+                                           f"{summary_text.HEADLINE[1]}, paired by seed), grey ±{DELTA}. Bottom: every "
+                                           "claim part's difference in units of its own margin δ (study_design.yaml), "
+                                           "grey ±δ. Lines: 95% t-intervals over seeds; blue point: holds (interval "
+                                           "above 0), red: does not hold (below −δ), grey: neither, at the part's own "
+                                           "level (the claims table applies Holm within each claim)"))
+    table = Table(["#", "claim", "verdict", "error rate", f"power at {seeds} seeds", "seeds for 80%"],
+                  [[str(c.number), c.claim, c.status, f"{ERROR_RATE}, {len(c.parts)} parts" if c.parts else "–",
+                    "–" if c.power is None else f"{c.power:.0%}",
+                    "–" if c.power is None else str(c.seeds_needed or "> 10000")] for c in claims])
+    glance = Section("Claims", ["Verdicts by the rule of the claims section below; power: the chance that every "
+                                "part holds if each difference is its smallest effect of interest "
+                                "(study_design.yaml), at the pilot's variances."], [table])
+    lines = summary_text.method_lines(per_prompt, evals, stats, methods, base)
+    lines += [line for line in (summary_text.reward_vs_judge(per_prompt, methods), summary_text.claims_line(claims))
+              if line]
+    return [forest, glance, Section("Summary", lines, anchor="summary")]
 
 
 def _rise_cell(history: list[dict], window: int, key: str) -> str:

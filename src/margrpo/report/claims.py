@@ -1,40 +1,35 @@
-"""The claims table of method.md §6, decided from the measured numbers.
+"""The claims table of method.md §6, decided from the measured numbers with known error rates.
 
-Two rules (both stated in the report, RULE):
+Every part claims a difference d > 0 in the claimed direction (report/inference.py):
+- score parts (GenEval, T2I) with per-prompt scores: d is the paired difference of the
+  headline statistic, a t-interval over seeds (report/intervals.py t_interval);
+- training-curve parts (KL, gradient norm, reward, gradient probes) and score parts without
+  per-prompt scores: per-seed values, paired by seed where both groups have the same seeds,
+  else two-sample (pooled where the variances agree, else Welch); a single group: one-sample.
+A part holds if its 95% interval lies above 0, does not hold if it lies below −δ (a
+difference within ±δ never refutes a claim), is "no difference larger than δ" if it lies
+within ±δ (two one-sided tests), else is inconclusive. δ, the smallest effect of interest and
+the power come from study_design.yaml (report/design.py), written before the run.
 
-- Score parts (GenEval, T2I-CompBench) where the evaluate stage wrote per-prompt scores
-  (reports/eval/<target>/per_prompt.json): the paired bootstrap interval of the
-  difference over seeds and prompts (report/intervals.py). "holds" if the 95% interval
-  lies above 0 in the claimed direction, "does not hold" if it lies below 0, "no
-  difference larger than δ" if it lies within (−δ, +δ), δ = DELTA, else "inconclusive"
-  (with the seeds the comparison would need: intervals.seeds_needed).
-- Training-curve parts (KL, gradient norm, reward, gradient probes: no prompts to
-  resample), and score parts of records without per-prompt scores: for a difference d
-  between two groups of seeds, with standard error se = sqrt(sa^2/na + sb^2/nb) (std
-  over seeds, ddof=1), "holds" if d > 2 se in the claimed direction, "does not hold" if
-  d < -2 se, and "inconclusive" otherwise (with the seeds per group beyond which the measured
-  d would exceed 2 se: an even chance of a decision if the true difference is d) or with
-  fewer than 2 seeds per group.
-
-A claim does not hold if any part does not hold, holds if every part holds, is "no
-difference larger than δ" if every score part is, else inconclusive.
+A claim holds if every part holds (error at most 2.5%, no correction needed), does not hold
+if a part does not hold with its p-value Holm-adjusted over the claim's parts (at most 2.5%),
+is "no difference larger than δ" if every score part is, else is inconclusive.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from margrpo.config import BUDGET_DEFAULTS
-from margrpo.report.intervals import DRAWS, LEVEL, Interval, score_interval, seeds_needed
-from margrpo.stats import mean_std
+import numpy as np
 
-HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
-NO_DIFF = "no difference larger than δ"
-# The smallest score difference the study cares about (GenEval / T2I scores in [0, 1]): an
+from margrpo.config import BUDGET_DEFAULTS
+from margrpo.report import inference as inf
+from margrpo.report.inference import FAILS, HOLDS, NO_DIFF, UNSURE
+from margrpo.report.intervals import LEVEL, Interval, score_interval
+
+# The margin of score parts without a design entry (GenEval / T2I scores in [0, 1]): an
 # interval inside ±DELTA shows the methods equal for practical purposes.
 DELTA = 0.03
-# Seed counts above this print as "> MAX_SEEDS": past it the count only says "unreachable".
-MAX_SEEDS = 1000
 # reports/summary.json's numeric coding of a claim's status (`dvc metrics diff` compares numbers).
 STATUS_CODE = {HOLDS: 1, UNSURE: 0, FAILS: -1, NO_DIFF: 2}
 CLAIM4 = "k = 0.3 is the best trade-off; tau = 0 is best"
@@ -46,19 +41,16 @@ NOT_JUDGED = {
         "them as DVC experiments and commits their results to reports/ablation/, from which this report judges "
         "it (docs/ablation.md)"),
 }
-RULE = (f"score parts (GenEval, T2I) with per-prompt scores: the paired bootstrap interval of the difference d "
-        f"({DRAWS} draws resampling seeds and, independently, prompts within each tag or category; "
-        f"{LEVEL:.0%} percentile interval): holds if the interval lies above 0 in the claimed direction, "
-        f"does not hold if it lies below 0, {NO_DIFF} if it lies within (−δ, +δ) with δ = {DELTA}, "
-        f"inconclusive otherwise, with the seeds that would narrow the interval to a half-width below δ/2 "
-        f"(enough to exclude 0 or to lie within ±δ whatever d), assuming the measured seed-to-seed variance and "
-        f"the same prompts; training-curve parts (KL, gradient norm, reward, gradient probes), and score parts "
-        f"without per-prompt scores: d of seed means vs its standard error se = sqrt(sa²/na + sb²/nb), "
-        f"holds if d > 2·se in the claimed direction, does not hold if d < −2·se, inconclusive otherwise (with the "
-        f"seeds per group beyond which the measured d would exceed 2·se, 4·(sa² + sb²)/d², or 4·s²/d² for one "
-        f"group: an even chance of a decision if the true difference is d) or with < 2 seeds per group; "
-        f"a claim does not hold if any part does not hold, holds if every part holds, "
-        f"is {NO_DIFF} if every score part is, and is inconclusive otherwise")
+ERROR_RATE = f"wrong holds ≤ {inf.ALPHA:.1%}, wrong does-not-hold ≤ {inf.ALPHA:.1%} (Holm over the parts)"
+RULE = (f"every part claims d > 0; d is a paired difference over seeds (score parts: the headline statistic per "
+        f"seed from the per-prompt scores, prompts fixed; training parts: per-seed values), with its {LEVEL:.0%} "
+        f"t-interval over seeds; a part holds if the interval lies above 0, does not hold if it lies below −δ, "
+        f"is {NO_DIFF} if it lies within ±δ (two one-sided tests), else is inconclusive; δ and the smallest effect "
+        f"of interest per part are in study_design.yaml (score parts δ = {DELTA}); a claim holds if every part "
+        f"holds, does not hold if a part does not hold after Holm's correction over the claim's parts, is "
+        f"{NO_DIFF} if every score part is, else is inconclusive: {ERROR_RATE}; the power is the design's, "
+        f"the chance that every part holds if each difference is its smallest effect of interest, at this "
+        f"study's seeds, with the pilot's variances (not the measured differences)")
 
 
 @dataclass
@@ -68,33 +60,40 @@ class Part:
     se: float | None = None
     status: str = UNSURE
     score: bool = False  # a benchmark-score part (the claim's "no difference" reads these)
-    interval: Interval | None = None  # the bootstrap interval of d (score parts with per-prompt scores)
-    # Seed-rule parts: seeds per group that would make 2 se < |d| at the measured d and spread
-    # (None where the replicates are not seeds, e.g. the blocks of one run).
-    needed: float | None = None
+    interval: Interval | None = None  # the t-interval of d (score parts with per-prompt scores)
+    df: float = math.nan
+    key: str = ""        # the part's name in study_design.yaml
+    delta: float = 0.0   # the margin: |d| < delta is negligible
+    power: float | None = None   # the design's power of this part at the study's seeds
+    effect: float | None = None  # the design's smallest effect of interest
+
+    def estimate(self) -> inf.Estimate:
+        nan = math.nan
+        return inf.Estimate(np.array(nan if self.d is None else self.d),
+                            np.array(nan if self.se is None else self.se), np.array(self.df), 0, "")
+
+    def tests(self) -> inf.Tests:
+        return inf.part_tests(self.estimate(), self.delta)
+
+    def bounds(self) -> tuple[float, float]:
+        low, high = self.estimate().interval()
+        return float(low), float(high)
+
+    def judge(self) -> Part:
+        """Set the part's own verdict (at its own level) from d, se, df and delta."""
+        self.status = str(inf.verdict(*vars(self.tests()).values()))
+        return self
 
     def render(self) -> str:
-        """One short evidence line: what is compared, the difference, 2 se or the interval,
-        the verdict (and the seeds an inconclusive interval would need)."""
+        """One short evidence line: what is compared, d with its interval, the verdict and
+        the design's power."""
         if self.d is None:
             return f"{self.text}: not measured"
-        if self.interval is not None:
-            iv, extra = self.interval, ""
-            if self.status == UNSURE:
-                n = seeds_needed(iv, DELTA)
-                extra = ("; one seed: seeds needed unknown" if n is None
-                         else f"; more seeds alone do not reach ±{DELTA} (prompt spread)" if math.isinf(n)
-                         else f"; ~{int(n)} seeds for ±{DELTA}")
-            return f"{self.text}: d {iv.cell(signed=True)} ({self.status}{extra})"
-        if self.se is None or math.isnan(self.se):
-            return f"{self.text}: d {self.d:+.3f}, one seed ({self.status})"
-        extra = ""
-        if self.status == UNSURE and self.needed is not None:
-            n = self.needed
-            extra = ("; no difference measured" if not math.isfinite(n)
-                     else f"; > {MAX_SEEDS} seeds per group for 2se < |d|" if n >= MAX_SEEDS
-                     else f"; {math.floor(n) + 1} seeds per group for 2se < |d|")
-        return f"{self.text}: d {self.d:+.3f}, 2se {2 * self.se:.3f} ({self.status}{extra})"
+        power = "" if self.power is None else f"; power {self.power:.0%} at +{self.effect:g}"
+        if self.se is None or not math.isfinite(self.se):
+            return f"{self.text}: d {self.d:+.3f}, one seed ({self.status}{power})"
+        low, high = self.bounds()
+        return f"{self.text}: d {self.d:+.3f} [{low:+.3f}, {high:+.3f}] ({self.status}{power})"
 
 
 @dataclass
@@ -103,112 +102,121 @@ class Claim:
     claim: str
     parts: list[Part] = field(default_factory=list)
     note: str = ""
+    best = False
+    power: float | None = None        # the design's power at the study's seeds
+    seeds_needed: int | None = None   # the design's seeds for its target power
 
     @property
     def status(self) -> str:
-        statuses = [p.status for p in self.parts]
-        scores = [p.status for p in self.parts if p.score]
-        if not statuses:
+        if not self.parts:
             return UNSURE
-        if FAILS in statuses:
-            return FAILS
-        if all(s == HOLDS for s in statuses):
-            return HOLDS
-        return NO_DIFF if scores and all(s == NO_DIFF for s in scores) else UNSURE
+        return str(inf.claim_verdict([p.tests() for p in self.parts], [p.score for p in self.parts], self.best))
+
+    def part_statuses(self) -> list[str]:
+        """Each part's verdict within the claim: its does-not-hold test Holm-adjusted."""
+        return [str(v) for v in inf.part_verdicts([p.tests() for p in self.parts])] if self.parts else []
 
 
 @dataclass
 class BestClaim(Claim):
     """A claim that one setting is the best of several, from parts "this setting − another":
-    does not hold if another is better (a part does not hold), holds if every other is worse
-    or within ±δ and at least one is worse, is "no difference larger than δ" if all are within
-    ±δ, and is inconclusive if any part is."""
-
-    @property
-    def status(self) -> str:
-        statuses = [p.status for p in self.parts]
-        if not statuses or UNSURE in statuses and FAILS not in statuses:
-            return UNSURE
-        if FAILS in statuses:
-            return FAILS
-        return NO_DIFF if all(s == NO_DIFF for s in statuses) else HOLDS
-
-
-def _verdict(text: str, d: float, se: float) -> Part:
-    return Part(text, d, se, HOLDS if d > 2 * se else FAILS if d < -2 * se else UNSURE)
+    does not hold if another is better by more than δ (Holm), holds if every other is worse or
+    within ±δ and Holm finds one worse, is "no difference larger than δ" if all are within ±δ,
+    and is inconclusive otherwise."""
+    best = True
 
 
 def interval_verdict(iv: Interval, delta: float = DELTA) -> str:
-    """The score rule on the interval of better − worse. One seed: inconclusive, as in the
-    seed rule. Its interval resamples prompts only, and where the prompts are the whole
-    split it has no width, though nothing measured how another seed would land."""
-    if iv.seeds < 2:
+    """A part's own verdict from its 95% t-interval. One seed: inconclusive."""
+    if iv.seeds < 2 or not (math.isfinite(iv.low) and math.isfinite(iv.high)):
         return UNSURE
     if iv.low > 0:
         return HOLDS
-    if iv.high < 0:
+    if iv.high < -delta:
         return FAILS
     return NO_DIFF if -delta < iv.low and iv.high < delta else UNSURE
 
 
-def interval_part(text: str, better: dict, worse: dict, metric: str) -> Part | None:
+def interval_part(text: str, better: dict, worse: dict, metric: str, delta: float = DELTA) -> Part | None:
     """Part claiming metric(better) > metric(worse), from two targets' per_prompt.json
     (final checkpoints, paired by seed and prompt); None when they have no such scores."""
     iv = score_interval(better, metric, minus=worse)
     if iv is None:
         return None
-    return Part(text, iv.point, None, interval_verdict(iv), score=True, interval=iv)
+    return Part(text, iv.point, iv.se, interval_verdict(iv, delta), score=True, interval=iv, df=iv.df, delta=delta)
 
 
 def score_part(text: str, better: str, worse: str, metric: str, evals: dict, per_prompt: dict | None) -> Part:
-    """A score comparison: the interval rule where both targets have per-prompt scores,
-    else the seed rule on the per-replicate values in `evals`."""
+    """A score comparison: the paired t-interval of the headline statistic where both targets
+    have per-prompt scores, else the seed values in `evals`."""
     pp = per_prompt or {}
     if pp.get(better) and pp.get(worse) and (part := interval_part(text, pp[better], pp[worse], metric)):
         return part
-    part = compare(text, evals.get(better, {}).get(metric), evals.get(worse, {}).get(metric))
+    part = compare(text, evals.get(better, {}).get(metric), evals.get(worse, {}).get(metric), DELTA)
     part.score = True
     return part
 
 
-def compare(text: str, better: list[float] | None, worse: list[float] | None) -> Part:
-    """Part claiming mean(better) > mean(worse) (pass values negated for "lower is better")."""
+def _from(text: str, est: inf.Estimate, delta: float) -> Part:
+    return Part(text, float(est.d), float(est.se), df=float(est.df), delta=delta).judge()
+
+
+def compare(text: str, better: list[float] | None, worse: list[float] | None, delta: float = 0.0) -> Part:
+    """Part claiming mean(better) > mean(worse) (pass values negated for "lower is better"):
+    paired by seed when both list the same seeds in the same order, else two-sample."""
     if not better or not worse:
-        return Part(text)
-    return compare_stats(text, mean_std(better), mean_std(worse))
+        return Part(text, delta=delta)
+    if len(better) < 2 or len(worse) < 2:
+        return Part(text, sum(better) / len(better) - sum(worse) / len(worse), math.nan, UNSURE, delta=delta)
+    est = inf.paired(better, worse) if len(better) == len(worse) else inf.two_sample(better, worse)
+    return _from(text, est, delta)
 
 
-def compare_stats(text: str, better: tuple[float, float, int], worse: tuple[float, float, int]) -> Part:
+def compare_stats(text: str, better: tuple[float, float, int], worse: tuple[float, float, int],
+                  delta: float = 0.0) -> Part:
     """compare() from (mean, std with ddof=1, n) per group, e.g. a metrics.json's mean / std /
-    replicates when the per-seed values are not at hand."""
+    replicates when the per-seed values are not at hand: unpaired, Welch."""
     (mb, sb, nb), (mw, sw, nw) = better, worse
     if nb < 2 or nw < 2:
-        return Part(text, mb - mw, math.nan, UNSURE)
-    part = _verdict(text, mb - mw, math.sqrt(sb ** 2 / nb + sw ** 2 / nw))
-    part.needed = _seeds_for(part.d, sb ** 2 + sw ** 2)
-    return part
+        return Part(text, mb - mw, math.nan, UNSURE, delta=delta)
+    va, vb = sb ** 2 / nb, sw ** 2 / nw
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (nb - 1) + vb ** 2 / (nw - 1)) if va + vb > 0 else nb + nw - 2.0
+    return Part(text, mb - mw, se, df=df, delta=delta).judge()
 
 
-def one_sample(text: str, values: list[float] | None) -> Part:
-    """Part claiming mean(values) > 0 (se = std / sqrt(n))."""
+def one_sample(text: str, values: list[float] | None, delta: float = 0.0) -> Part:
+    """Part claiming mean(values) > 0 (se = std / sqrt(n), df n − 1)."""
     if not values:
-        return Part(text)
-    m, sd, n = mean_std(values)
-    if n < 2:
-        return Part(text, m, math.nan, UNSURE)
-    part = _verdict(text, m, sd / math.sqrt(n))
-    part.needed = _seeds_for(m, sd ** 2)
-    return part
+        return Part(text, delta=delta)
+    if len(values) < 2:
+        return Part(text, values[0], math.nan, UNSURE, delta=delta)
+    return _from(text, inf.one_sample(values), delta)
 
 
-def _seeds_for(d: float, var: float) -> float:
-    """n with 2 sqrt(var / n) = |d| (var = the sum of the groups' per-seed variances): more
-    seeds per group than n would put the measured difference beyond two standard errors. An
-    even chance of a decision if the true difference is d; inf where no difference was
-    measured (d = 0, not finite, or too small for the spread to ever resolve)."""
-    if not math.isfinite(d) or not math.isfinite(var) or abs(d) < 1e-12 * max(1.0, math.sqrt(var)):
-        return math.inf
-    return 4 * var / d ** 2
+def apply_design(claims: list[Claim], design, seeds: int) -> None:
+    """Give each part its margin, smallest effect and power from the study design (report/
+    design.py; matched by claim number and part key) and each claim its power at `seeds`
+    seeds and the seeds for the design's target power; parts re-judged with their margin."""
+    if design is None:
+        return
+    for c in claims:
+        cd = design.claims.get(c.number)
+        for p in c.parts:
+            pd = cd.parts.get(p.key) if cd else None
+            if pd is not None:
+                p.delta, p.effect, p.power = pd.delta, pd.effect, float(pd.power(seeds))
+                if p.d is not None:
+                    p.judge() if p.interval is None else setattr(p, "status", interval_verdict(p.interval, p.delta))
+        if cd is not None:
+            c.power, c.seeds_needed = cd.power(seeds), cd.seeds(design.power)
+
+
+def _keyed(keys: list[str], parts: list[Part]) -> list[Part]:
+    """Name the parts as study_design.yaml does."""
+    for k, p in zip(keys, parts):
+        p.key = k
+    return parts
 
 
 def _neg(vals: list[float] | None) -> list[float] | None:
@@ -231,11 +239,11 @@ def _speculative_claim(train: dict, evals: dict, roles: dict, per_prompt: dict |
         return train.get(method, {}).get("final", {}).get(key)
 
     snr_c, snr_f = tr(spec, "probe/snr_committed"), tr(spec, "probe/snr")
-    c6.parts = [score_part(f"GenEval overall, {committed} − {spec}", committed, spec, "eval/geneval/overall", evals,
-                           per_prompt),
-                compare(f"final reward, {committed} − {spec}", tr(committed, "reward/mean"), tr(spec, "reward/mean")),
-                one_sample("gradient SNR on the same rollouts, committed only − with the filtered speculative tokens",
-                           None if not snr_c or not snr_f else [a - b for a, b in zip(snr_c, snr_f)])]
+    c6.parts = _keyed(["geneval/overall", "reward", "snr"], [
+        score_part(f"GenEval overall, {committed} − {spec}", committed, spec, "eval/geneval/overall", evals, per_prompt),
+        compare(f"final reward, {committed} − {spec}", tr(committed, "reward/mean"), tr(spec, "reward/mean")),
+        one_sample("gradient SNR on the same rollouts, committed only − with the filtered speculative tokens",
+                   None if not snr_c or not snr_f else [a - b for a, b in zip(snr_c, snr_f)])])
     c6.note = (f"{spec} differs from {committed} only in token_scope; SNR from {spec}'s gradient probe "
                "(probe/snr_committed vs probe/snr, per seed mean over probe steps)")
     return c6
@@ -264,8 +272,9 @@ def build_claims(train: dict, evals: dict, methods: dict, roles: dict[str, str],
     claims = []
     c1 = Claim(1, "End-to-end GRPO on MAR is unstable: KL and gradient norm grow (reward saturates or collapses)")
     if grpo:
-        c1.parts = [one_sample(f"{grpo} KL, final − early window", tr(grpo, "growth", "loss/kl")),
-                    one_sample(f"{grpo} AR grad norm, final − early", tr(grpo, "growth", "diag/grad_norm_ar"))]
+        c1.parts = _keyed(["kl_growth", "grad_growth"], [
+            one_sample(f"{grpo} KL, final − early window", tr(grpo, "growth", "loss/kl")),
+            one_sample(f"{grpo} AR grad norm, final − early", tr(grpo, "growth", "diag/grad_norm_ar"))])
         drop = tr(grpo, "final", "reward/peak_drop")
         c1.note = "" if not drop else f"reward drop from peak (final window vs best step): {sum(drop) / len(drop):.3f}"
     claims.append(c1)
@@ -274,10 +283,10 @@ def build_claims(train: dict, evals: dict, methods: dict, roles: dict[str, str],
     other = frozen or mte
     c2 = Claim(2, "Freezing the diffusion head stabilises training")
     if other and grpo:
-        c2.parts = [compare(f"final KL, {grpo} − {other}", _neg(tr(other, "final", "loss/kl")),
+        c2.parts = _keyed(["final_kl", "grad_growth"], [compare(f"final KL, {grpo} − {other}", _neg(tr(other, "final", "loss/kl")),
                             _neg(tr(grpo, "final", "loss/kl"))),
                     compare(f"AR grad-norm growth, {grpo} − {other}", _neg(tr(other, "growth", "diag/grad_norm_ar")),
-                            _neg(tr(grpo, "growth", "diag/grad_norm_ar")))]
+                            _neg(tr(grpo, "growth", "diag/grad_norm_ar")))])
         if not frozen:
             c2.note = f"{other} also uses MTE: head freezing and MTE are confounded (add a frozen-head single-estimator method to separate them)"
     claims.append(c2)
@@ -287,11 +296,11 @@ def build_claims(train: dict, evals: dict, methods: dict, roles: dict[str, str],
         ratio = tr(mte, "final", "probe/var_ratio_vs_single")
         # Against the frozen-head single-chain method when the study has one: it differs from
         # the MTE method only in the estimate and selection, so the comparison isolates MTE.
-        c3.parts = [one_sample(f"{mte} gradient-noise variance, 1 − ratio to single chain",
+        c3.parts = _keyed(["variance", "reward", "geneval/overall", "t2i/mean"], [one_sample(f"{mte} gradient-noise variance, 1 − ratio to single chain",
                                None if ratio is None else [1 - r for r in ratio]),
                     compare(f"final reward, {mte} − {ref}", tr(mte, "final", "reward/mean"), tr(ref, "final", "reward/mean")),
                     score_part(f"GenEval overall, {mte} − {ref}", mte, ref, "eval/geneval/overall", evals, per_prompt),
-                    score_part(f"T2I mean, {mte} − {ref}", mte, ref, "eval/t2i/mean", evals, per_prompt)]
+                    score_part(f"T2I mean, {mte} − {ref}", mte, ref, "eval/t2i/mean", evals, per_prompt)])
         c3.note = ("variance from the trainer's gradient probe (probe/var_ratio_vs_single); reward and scores compare against "
                    + (f"{ref}, which freezes the head too" if frozen else f"{ref}, which also differs in head freezing"))
     claims.append(c3)
@@ -303,6 +312,7 @@ def build_claims(train: dict, evals: dict, methods: dict, roles: dict[str, str],
                 part = score_part(f"{metric.removeprefix('eval/')}, {mte} − {ref}", mte, ref, metric, evals,
                                   per_prompt)
                 if part.d is not None:
+                    part.key = f"{metric.removeprefix('eval/')}-{'base' if ref == 'base' else 'grpo'}"
                     c5.parts.append(part)
         t_m, t_g = timing.get(mte), timing.get(grpo)
         if t_m and t_g:

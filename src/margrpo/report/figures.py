@@ -196,3 +196,29 @@ def interval_figure(panels: list[tuple[str, dict[str, list[tuple[float, float, f
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save_panels(fig, axes, len(panels), path)
+
+
+def forest_figure(panels: list[tuple[str, list[tuple[str, float, float, float, float]]]], path: Path) -> Path | None:
+    """The report's first figure: one panel per group of differences, a row per difference
+    with its point and 95% interval, a dashed line at 0 and a grey band of ±delta (the margin
+    inside which a difference is negligible). panels: [(title, [(label, point, low, high,
+    delta)])]; a row without an interval (one seed) draws its point alone."""
+    plt = _plt()
+    panels = [(title, rows) for title, rows in panels if rows]
+    if not panels:
+        return None
+    heights = [max(1.6, 0.32 * len(rows) + 0.9) for _, rows in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9.5, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (title, rows) in zip(axes[:, 0], panels):
+        y = list(range(len(rows)))[::-1]
+        for yi, (_, point, low, high, delta) in zip(y, rows):
+            ax.fill_betweenx([yi - 0.4, yi + 0.4], -delta, delta, color="0.85", linewidth=0)
+            if math.isfinite(low) and math.isfinite(high):
+                ax.plot([low, high], [yi, yi], color="C0", linewidth=2)
+            ax.plot([point], [yi], "o", color="C0" if low > 0 else "C3" if high < -delta else "0.3")
+        ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)

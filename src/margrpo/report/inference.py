@@ -65,12 +65,15 @@ class Estimate:
         return self.d - half, self.d + half
 
     def p_greater(self, margin: float = 0.0) -> np.ndarray:
-        """p-value of H0: d <= margin (small when d is clearly above the margin)."""
-        return st.t.sf((self.d - margin) / self.se, self.df)
+        """p-value of H0: d <= margin (small when d is clearly above the margin). se = 0 (a
+        constant difference): 0 or 1 by the sign of d − margin, NaN where it is 0."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return st.t.sf((self.d - margin) / self.se, self.df)
 
     def p_less(self, margin: float = 0.0) -> np.ndarray:
         """p-value of H0: d >= margin (small when d is clearly below the margin)."""
-        return st.t.cdf((self.d - margin) / self.se, self.df)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return st.t.cdf((self.d - margin) / self.se, self.df)
 
 
 def _as(x) -> np.ndarray:

@@ -1,29 +1,25 @@
-"""Intervals over seeds and prompts: a crossed, stratified bootstrap of the headline scores.
+"""Intervals of the headline scores: a t-interval over seeds, and the older crossed bootstrap.
 
-A score of the study depends on two random draws: the seed (training run and image seeds)
-and the prompts (a finite sample per GenEval tag / T2I category). Seed-only error bars
-ignore the second; with three seeds they are also very rough. The evaluate stage writes
-reports/eval/<target>/per_prompt.json (per seed, one score per prompt), and this module
-resamples both:
+A score of the study depends on the seed (training run and image seeds) and on the test
+prompts. The prompts are fixed and shared by every method and seed, so the report's intervals
+are about this prompt set: the unit of replication is the seed. The evaluate stage writes
+reports/eval/<target>/per_prompt.json (per seed, one score per prompt); from it
 
-- each draw picks the seeds with replacement and, independently, the prompts with
-  replacement within each group (tag or category: stratified, so every group keeps its
-  prompt count), the same prompt draw for every seed of the draw (the prompts are shared
-  across seeds);
-- a prompt is a distinct prompt text: rows of a group that repeat a text (a small prompt
-  space reused with fresh image seeds) are drawn together, so a repeated prompt does not
-  count as independent evidence;
-- the statistic is the headline one: mean over groups of (mean over the group's rows),
-  averaged over seeds; a paired comparison A − B uses the per-seed, per-prompt difference
-  with the same draws (the statistic is linear, so this is statistic(A) − statistic(B)
-  on every draw), over the seeds both targets have;
-- the interval is the percentile interval of `DRAWS` draws from a numpy Generator seeded
-  with `BOOT_SEED`: the same inputs give the same interval.
+- `t_interval` (the report's): the headline statistic per seed (mean over groups, tag or
+  category, of the group's mean over its prompts), then a t-interval over seeds
+  (report/inference.py): one-sample for a target, paired by seed for A − B (the same seeds,
+  image seeds and prompts). Each seed's score averages its evaluation, so the evaluation noise
+  is inside the seed-to-seed spread the interval is built from (the nested model); at 3 seeds
+  it covers 95% (tests/test_calibration.py) where the bootstrap's covers about 75%;
+- `bootstrap` (kept for probes/power.py's variance decomposition): resamples seeds and,
+  independently, the distinct prompts within each group (the same prompt draw for every
+  seed); a paired A − B uses the same draws; the percentile interval of `DRAWS` draws from a
+  numpy Generator seeded with `BOOT_SEED`. A group that lists its whole prompt space
+  (single_object's four prompts, say) is the population: only the seeds are resampled there.
 
-With one seed only the prompts are resampled. A group that lists its whole prompt space
-(single_object's four prompts, say) is the population rather than a sample of it, so only
-the seeds are resampled there. A prompt with a missing value (None / NaN) in a seed used is
-left out; a group with no prompts is left out of the mean over groups.
+A prompt with a missing value (None / NaN) in a seed used is left out; a group with no
+prompts is left out of the mean over groups. Rows of a group that repeat a prompt text are
+one resampling unit.
 """
 from __future__ import annotations
 
@@ -44,8 +40,8 @@ GROUP_FIELD = {"geneval": "tag", "proxy_geneval": "tag", "t2i": "category", "pro
 
 @dataclass(frozen=True)
 class Interval:
-    """Point estimate and percentile interval of one bootstrap. seeds: seeds used; prompts:
-    distinct prompts (resampling units) over the groups; sd: the draws' sd; seed_var:
+    """Point estimate and interval (t over seeds, or percentile of a bootstrap). seeds: seeds
+    used; prompts: distinct prompts over the groups; sd: a bootstrap's draws' sd; seed_var:
     sample variance (ddof=1) over seeds of the per-seed statistic (NaN for one seed);
     prompt_var: variance of the seed-averaged statistic under the prompt draws alone."""
     point: float
@@ -56,9 +52,13 @@ class Interval:
     sd: float = 0.0
     seed_var: float = math.nan
     prompt_var: float = 0.0
+    se: float = math.nan  # t-intervals: standard error of the point and its degrees of freedom
+    df: float = math.nan
 
     def cell(self, signed: bool = False) -> str:
         f = "{:+.3f}" if signed else "{:.3f}"
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return f"{f.format(self.point)} (one seed: no interval)"
         return f"{f.format(self.point)} [{f.format(self.low)}, {f.format(self.high)}]"
 
 
@@ -68,6 +68,50 @@ def _seed_order(s: str):
 
 def _array(rows: Mapping[str, Sequence[float | None]], seeds: list[str]) -> np.ndarray:
     return np.array([[math.nan if v is None else float(v) for v in rows[s]] for s in seeds], dtype=float)
+
+
+def _rows(values, groups, minus):
+    """(seeds used, [seeds, rows] values of A or of A − B) or None when no seed is left."""
+    seeds = sorted(set(values) & set(minus) if minus is not None else set(values), key=_seed_order)
+    if not seeds:
+        return None
+    x = _array(values, seeds)
+    if minus is not None:
+        x = x - _array(minus, seeds)
+    if len(groups) != x.shape[1]:
+        raise ValueError(f"{len(groups)} groups for {x.shape[1]} values per seed")
+    return seeds, x
+
+
+def t_interval(values: Mapping[str, Sequence[float | None]], groups: Sequence[str | None],
+               minus: Mapping[str, Sequence[float | None]] | None = None, units: Sequence[str] | None = None,
+               level: float = LEVEL) -> Interval | None:
+    """t-interval over seeds of the mean over groups of the group's row mean; with `minus`
+    the paired difference on the common seeds and the rows finite in both. NaN bounds with
+    one seed; None when no seed or no row is left."""
+    from margrpo.report.inference import one_sample
+
+    got = _rows(values, groups, minus)
+    if got is None:
+        return None
+    seeds, x = got
+    units = list(units) if units is not None else [str(i) for i in range(x.shape[1])]
+    strata: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        if g is not None and np.isfinite(x[:, i]).all():
+            strata.setdefault(g, []).append(i)
+    if not strata:
+        return None
+    per_seed = np.mean([x[:, rows].mean(axis=1) for rows in strata.values()], axis=0)  # [seeds]
+    # Scores lie in [0, 1]: rounding to 1e-12 removes summation noise, so two targets equal on
+    # every prompt give d = 0 exactly rather than a "significant" 1e-18 with se = 0.
+    per_seed = np.round(per_seed, 12)
+    est = one_sample(per_seed)
+    low, high = est.interval(level)
+    return Interval(point=float(est.d), low=float(low), high=float(high), seeds=len(seeds),
+                    prompts=sum(len({units[i] for i in rows}) for rows in strata.values()),
+                    seed_var=float(per_seed.var(ddof=1)) if len(seeds) > 1 else math.nan,
+                    se=float(est.se), df=float(est.df))
 
 
 def bootstrap(values: Mapping[str, Sequence[float | None]], groups: Sequence[str | None],
@@ -84,15 +128,11 @@ def bootstrap(values: Mapping[str, Sequence[float | None]], groups: Sequence[str
     sample of it: its prompts are not resampled (the finite-population limit; resampling
     them would add variance that does not exist), only the seeds. None when no seed or no
     row is left."""
-    seeds = sorted(set(values) & set(minus) if minus is not None else set(values), key=_seed_order)
-    if not seeds:
+    got = _rows(values, groups, minus)
+    if got is None:
         return None
-    x = _array(values, seeds)
-    if minus is not None:
-        x = x - _array(minus, seeds)
+    seeds, x = got
     n_seeds, n_rows = x.shape
-    if len(groups) != n_rows:
-        raise ValueError(f"{len(groups)} groups for {n_rows} values per seed")
     units = list(units) if units is not None else [str(i) for i in range(n_rows)]
     strata: dict[str, dict[str, list[int]]] = {}
     for i, g in enumerate(groups):
@@ -200,11 +240,12 @@ def _scores(data: dict, which: str, kind: str) -> dict[str, list]:
 
 def score_interval(data: dict, metric: str, which: str = "final", minus: dict | None = None,
                    minus_which: str = "final", subsets: Sequence[str] = HEADLINE_SUBSETS,
-                   draws: int = DRAWS, seed: int = BOOT_SEED) -> Interval | None:
+                   method: str = "t", draws: int = DRAWS, seed: int = BOOT_SEED) -> Interval | None:
     """Interval of a report metric ('eval/geneval/overall', 'eval/t2i/spatial', ...) of one
     target's per_prompt.json, checkpoint `which` ('final' or 'best'); with `minus` (another
-    target's per_prompt.json, checkpoint `minus_which`) the paired difference. None when
-    the metric has no per-prompt scores or no prompts of these subsets."""
+    target's per_prompt.json, checkpoint `minus_which`) the paired difference. method: 't' (the
+    report's t-interval over seeds) or 'bootstrap'. None when the metric has no per-prompt
+    scores or no prompts of these subsets."""
     spec = metric_spec(metric)
     if spec is None or spec[0] not in GROUP_FIELD:
         return None
@@ -217,6 +258,8 @@ def score_interval(data: dict, metric: str, which: str = "final", minus: dict | 
         if [p["prompt"] for p in minus["prompts"]] != units:
             raise ValueError("per_prompt.json of the two targets list different prompts")
         other = _scores(minus, minus_which, kind)
+    if method == "t":
+        return t_interval(_scores(data, which, kind), groups, other, units)
     return bootstrap(_scores(data, which, kind), groups, other, units, draws=draws, seed=seed, complete=complete)
 
 

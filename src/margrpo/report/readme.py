@@ -3,7 +3,7 @@ cannot drift from it: scripts/readme_results.py rewrites the block between the m
 and a test fails when the README's block differs from what reports/ gives.
 
 One row per target: GenEval-rule overall on the test split by the evaluation judge with its
-95% interval over seeds and prompts, the gain over the base (paired by seed and prompt) and
+95% t-interval over seeds, the gain over the base (paired by seed and prompt) and
 the per-seed gains, the T2I-CompBench-style mean, the overall on the novel-binding prompts,
 the same overall by the training reward's own detector (the proxy: where it runs ahead of the
 judge, the reward is being gamed), and the training minutes per seed.

@@ -2,8 +2,8 @@
 compositional-generalisation ("novel") prompts, and the summary.json headline numbers.
 
 Where the evaluate stage wrote per-prompt scores (per_prompt.json), a GenEval or T2I cell is
-"mean [low, high]": the headline statistic with its bootstrap interval over seeds and
-prompts (report/intervals.py), and gains are paired with the base by seed and prompt.
+"mean [low, high]": the headline statistic with its 95% t-interval over seeds (report/
+intervals.py t_interval), and gains are paired with the base by seed and prompt.
 Records without per-prompt scores keep "mean ± std over replicates".
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from margrpo.report.intervals import (DRAWS, HEADLINE_SUBSETS, LEVEL, NOVEL_SUBSETS, has_subset, metric_spec,
+from margrpo.report.intervals import (HEADLINE_SUBSETS, LEVEL, NOVEL_SUBSETS, has_subset, metric_spec,
                                       prompt_counts, score_interval)
 from margrpo.report.render import Section, Table
 from margrpo.stats import mean_std
@@ -21,10 +21,10 @@ OVERALL, T2I_MEAN = "eval/geneval/overall", "eval/t2i/mean"
 # reports/summary.json: headline name -> held-out metric.
 HEADLINE_KEYS = {"overall": OVERALL, "t2i": T2I_MEAN, "partial": "eval/partial"}
 INTERVAL_TEXT = (f"mean [{LEVEL:.0%} interval]: the point is the headline statistic (mean over tags or categories of "
-                 "the mean over their prompts, averaged over seeds); the interval is a "
-                 f"crossed bootstrap ({DRAWS} draws) that resamples the seeds and, independently, the distinct prompts "
-                 "within each tag or category, so it covers both the seed-to-seed spread and the sampling of prompts; "
-                 "a gain is the paired difference method − base on the same seeds (image seeds) and prompts")
+                 "the mean over their prompts, averaged over seeds); the interval is a t-interval over seeds (the "
+                 "test prompts are fixed, so it is about this prompt set; each seed's score averages its own "
+                 "evaluation, so the evaluation noise is part of the spread between seeds); a gain is the paired "
+                 "difference method − base on the same seeds (image seeds) and prompts")
 
 
 def fmt(mean: float | None, std: float | None = None) -> str:
@@ -142,7 +142,7 @@ def prompt_counts_line(per_prompt: dict) -> str | None:
 def headline(evals: dict, per_prompt: dict, targets: list[str], base: str = "base") -> dict:
     """summary.json's score keys. overall / t2i / partial: the headline statistic (from the
     per-prompt scores where they exist, else metrics.json's mean over replicates); gain:
-    overall − base's; overall_ci / gain_ci: target -> [low, high] of the bootstrap interval
+    overall − base's; overall_ci / gain_ci: target -> [low, high] of the t-interval
     (paired for the gain); novel: target -> GenEval overall on the novel prompts."""
     out: dict[str, dict] = {}
     for name, key in HEADLINE_KEYS.items():
