@@ -22,7 +22,7 @@ the base, the reward rising by >= 3 standard errors in every seed, <= 15 minutes
 training per seed.
 
 Where the evaluate stage wrote reports/eval/<target>/per_prompt.json, scores and gains are
-the headline statistic with its bootstrap interval over seeds and prompts (report/intervals.py;
+the headline statistic with its t-interval over seeds (report/intervals.py;
 the gain paired with the base by seed and prompt), and "every seed above the base" becomes
 "the gain's 95% interval above 0".
 
@@ -149,7 +149,7 @@ def main() -> None:
                   f"{', '.join(f'{g:+.3f}' for g in gains) or '-'} | {rise} | {needed} | "
                   f"{minutes:.1f} | {step_s:.1f} | {'yes' if ok else 'no'} |")
     print(f"accept: gain >= +{TARGET_GAIN:.2f} on the test split, every seed above the base (where per_prompt.json "
-          f"exists: scores and gains are mean [95% interval over seeds and prompts], and the gain's interval must lie "
+          f"exists: scores and gains are mean [95% t-interval over seeds], and the gain's interval must lie "
           f"above 0), training reward rising >= {MIN_Z:.0f} standard errors in every seed (paired with the base where "
           f"logged), <= {BUDGET_MIN:.0f} min of training per seed, >= 3 seeds paired with the base")
     if missing:
