@@ -335,7 +335,7 @@ def knob_claim(parts: dict[str, list[Part]], todo: list[str]) -> Claim | None:
     c = BestClaim(4, CLAIM4, list(paper))
     notes = [] if paper else ["no comparison of the paper's resample estimator yet"]
     notes.append("best = no other setting better: holds if every other setting is worse or within ±δ (one at "
-                 "least worse), does not hold if one is better")
+                 "least worse, by Holm), does not hold if one is better by more than δ (Holm)")
     if corrected:
         notes.append(f"the corrected posterior estimator by the same rule: {BestClaim(0, '', corrected).status} "
                      f"({'; '.join(p.render() for p in corrected)})")
