@@ -34,7 +34,7 @@ def prepare_prompts() -> None:
         # anyway; this only keeps the two draws' orders unrelated.
         "heldout": world_split("heldout", w.heldout_prompts_per_tag, w.seed + 1),
         # Headline numbers only: never used for model selection (the held-out split is).
-        # Distinct prompts, each with its subset: test, reused or novel (world/prompts.py).
+        # Distinct prompts, each with its subset: test, unseen_tag or novel (world/prompts.py).
         "test": world_split("test", w.test_prompts_per_tag, w.seed + 2, w.novel_prompts_per_tag),
     }
     staged = common.staging_dir(common.PROMPTS)

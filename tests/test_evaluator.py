@@ -119,7 +119,9 @@ def test_t2i_rules():
 
 @pytest.fixture(scope="module")
 def batch():
-    rows = P.make_prompt_set("train", 25, seed=0) + P.make_prompt_set("heldout", 25, seed=1)
+    # The test-only tags (single_object, two_object, counting) are in the test split alone.
+    rows = (P.make_prompt_set("train", 25, seed=0) + P.make_prompt_set("heldout", 25, seed=1)
+            + [m for m in P.make_test_set(25, 0, seed=2) if m["tag"] in P.TEST_ONLY])
     images = render(P.sample_scenes(rows, torch.Generator().manual_seed(0)))
     return rows, images
 

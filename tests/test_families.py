@@ -1,5 +1,5 @@
 """The near-miss families (world/families.py): enough scenes, deterministic, truths from the
-painted geometry in both directions, and the guards that hold for the judge today."""
+painted geometry in both directions, and the judge's low error rates in every family."""
 import math
 
 import numpy as np
@@ -7,7 +7,8 @@ import torch
 
 from margrpo.world.adversarial import SIZE
 from margrpo.world.evaluator import WorldEvaluator
-from margrpo.world.families import BANDS, FAMILIES, delta_e, family_cases, family_rates
+from margrpo.world.families import BANDS, FAMILIES, family_cases, family_rates
+from margrpo.world.perceptual import delta_e
 from margrpo.world.grammar import COLORS, parse_prompt
 from margrpo.world.judge import WorldJudge
 
@@ -56,17 +57,21 @@ def test_family_rates_count_false_accepts_and_false_rejects():
     assert pair["false_rejects"] == pair["passes"] > 0 and math.isnan(pair["fa_rate"])
 
 
-def test_the_judge_reads_world_renders_and_the_reward_is_fooled_where_the_judge_is_not():
-    """Regression guards the judge meets today: no false reject on the world's own renders;
-    the training reward falls for stars, desaturated and mixed colours that the judge
-    refuses. (Touching pairs, notches, holes, stretches and hues are where the judge still
-    errs: benchmarks/judge.py --families measures it.)"""
-    cases = family_cases(seed=1)
+def test_the_judge_errs_rarely_in_every_family_and_the_reward_is_fooled_where_the_judge_is_not():
+    """Regression guard for the hardened judge, on seed 1 at half the benchmark's scenes (its
+    acceptance, <= 2% per family over seeds 0-2 at 20 scenes per value, is measured by
+    benchmarks/judge.py --families): no false reject on the world's own renders, at most 5%
+    false accepts and false rejects in every family; the training reward falls for stars,
+    notches, wedges, desaturated and mixed colours that the judge refuses."""
+    cases = family_cases(seed=1, repeats=10)
     images = torch.stack([c.image() for c in cases])
     metas = [parse_prompt(c.prompt) for c in cases]
     judge = family_rates(cases, WorldEvaluator(SIZE, detector=WorldJudge(SIZE)).score(images, metas)["correct"].tolist())
     reward = family_rates(cases, WorldEvaluator(SIZE).score(images, metas)["correct"].tolist())
     assert judge["world_render"]["false_rejects"] == 0, judge["world_render"]
-    for f in ("star", "desaturated", "mixture"):
-        assert judge[f]["fa_rate"] <= 0.1 < reward[f]["fa_rate"], (f, judge[f], reward[f])
+    for f in FAMILIES:
+        for rate in ("fa_rate", "fr_rate"):
+            assert not judge[f][rate] > 0.05, (f, judge[f])
+    for f in ("star", "notch", "wedge", "desaturated", "mixture"):
+        assert reward[f]["fa_rate"] > 0.3, (f, reward[f])
     assert np.isfinite([judge[f]["fa_rate"] for f in FAMILIES if judge[f]["fails"]]).all()

@@ -32,7 +32,8 @@ def test_judge_agrees_with_the_true_scene_on_every_adversarial_case():
 
 @pytest.fixture(scope="module")
 def world_batch():
-    rows = P.make_prompt_set("train", 20, seed=0) + P.make_prompt_set("heldout", 10, seed=1)
+    rows = (P.make_prompt_set("train", 20, seed=0) + P.make_prompt_set("heldout", 10, seed=1)
+            + [m for m in P.make_test_set(20, 0, seed=2) if m["tag"] in P.TEST_ONLY])
     scenes = P.sample_scenes(rows, torch.Generator().manual_seed(0))
     return rows, scenes, render(scenes)
 
@@ -52,7 +53,7 @@ def test_blurred_noisy_renders_still_pass(world_batch):
 
 
 def test_foreign_shapes_are_objects_but_no_world_shape():
-    img = paint([Paint("plus", 8, 8, 6.4, "red"), Paint("star", 24, 24, 6.4, "blue"),
+    img = paint([Paint("arrow", 8, 8, 6.4, "red"), Paint("star", 24, 24, 6.4, "blue"),
                  Paint("circle", 24, 8, 4.4, "green", alpha=0.3)])
     dets = WorldJudge()(img[None])[0]
     assert sorted(d.label for d in dets) == ["circle", OTHER, OTHER]

@@ -53,11 +53,12 @@ def test_splits_disjoint_by_combination():
     for purpose in P.PURPOSES:
         train, held, test, novel = ({P.canonical_key(m) for m in P.combinations(purpose, s)}
                                     for s in ("train", "heldout", "test", "novel"))
-        assert train and held and test and not (train & held or novel & (train | held | test))
-        if P.test_subset(purpose) == "test":   # never trained on
-            assert not test & (train | held)
-        else:                                  # too small a space: the whole pool, marked reused
-            assert test == train | held
+        assert test and not (novel & (train | held | test) or test & (train | held) or train & held)
+        if P.test_subset(purpose) == "test":
+            assert train and held
+        else:                                  # a test-only tag: nothing of it is trained or validated on
+            assert purpose in P.TEST_ONLY and not (train or held)
+    assert {p for p in P.PURPOSES if P.test_subset(p) == "unseen_tag"} == set(P.TEST_ONLY)
     tr = P.make_prompt_set("train", 30, seed=0)
     he = P.make_prompt_set("heldout", 30, seed=0)
     assert not {P.canonical_key(m) for m in tr} & {P.canonical_key(m) for m in he}
@@ -68,47 +69,50 @@ def _bindings(meta):
     return {(r.get("color"), r["class"]) for r in meta["include"] if r.get("color")}
 
 
-def test_test_split_decides():
-    """The study's test split (params.yaml's world keys): >= 300 distinct prompts, >= 10
-    distinct per GenEval tag and T2I category (single_object: every shape), disjoint from
-    training and validation at the prompt and the combination level except the marked
-    reused prompts, and a novel subset whose colour-shape bindings no training or
-    validation prompt has."""
+def test_committed_test_prompts_unseen():
+    """The committed prompt files (prompts/world_*.jsonl, what the study reads): no test
+    prompt's text occurs in the training or validation prompts; every GenEval tag and T2I
+    category has >= 20 distinct headline test prompts (single_object: every shape); the
+    test-only tags (single_object, two_object, counting) have no prompt in training or
+    validation and are marked unseen_tag; the novel subset's colour-shape bindings occur in
+    no training or validation prompt; and the files are what the params' seeds generate."""
     from margrpo.config import load_params
 
-    w = load_params("params.yaml").world
-    test = P.make_test_set(w.test_prompts_per_tag, w.novel_prompts_per_tag, w.seed + 2)
+    files = {s: read_jsonl(f"prompts/world_{s}.jsonl") for s in ("train", "heldout", "test")}
+    test, seen = files["test"], files["train"] + files["heldout"]
     texts = [m["prompt"] for m in test]
     assert len(set(texts)) == len(texts) >= 300
-    seen = [m for s in ("train", "heldout") for purpose in P.PURPOSES for m in P.combinations(purpose, s)]
-    seen_texts = {m["prompt"] for m in seen}
+    assert not set(texts) & {m["prompt"] for m in seen}
     seen_keys = {P.canonical_key(m) for m in seen}
-    seen_bindings = set().union(*(_bindings(m) for m in seen))
+    assert not seen_keys & {P.canonical_key(m) for m in test}
+    for tag in P.TEST_ONLY:
+        assert not any(m["tag"] == tag for m in seen), tag
+        assert {m["subset"] for m in test if m["tag"] == tag} == {"unseen_tag"}, tag
     headline = [m for m in test if m["subset"] != "novel"]
     for tag in G.GENEVAL_TAGS:
         n = len({m["prompt"] for m in headline if m["tag"] == tag})
-        assert n >= (len(G.SHAPES) if tag == "single_object" else 10), (tag, n)
+        assert n >= (len(G.SHAPES) if tag == "single_object" else 20), (tag, n)
     assert {m["include"][0]["class"] for m in headline if m["tag"] == "single_object"} == set(G.SHAPES)
     for cat in G.T2I_CATEGORIES:
-        assert len({m["prompt"] for m in headline if m["category"] == cat}) >= 10, cat
-    for m in test:
-        key = P.canonical_key(m)
-        if m["subset"] == "reused":
-            assert key in seen_keys
-        else:
-            assert key not in seen_keys and m["prompt"] not in seen_texts
-        if m["subset"] == "novel":
-            novel = _bindings(m) & set(P.NOVEL_PAIRS)
-            assert novel and not novel & seen_bindings
+        assert len({m["prompt"] for m in headline if m["category"] == cat}) >= 20, cat
+    seen_bindings = set().union(*(_bindings(m) for m in seen))
     assert not seen_bindings & set(P.NOVEL_PAIRS)
+    for m in test:
+        if m["subset"] == "novel":
+            assert _bindings(m) & set(P.NOVEL_PAIRS)
     assert sum(m["subset"] == "novel" for m in test) >= 20
+
+    w = load_params("params.yaml").world
+    assert test == P.make_test_set(w.test_prompts_per_tag, w.novel_prompts_per_tag, w.seed + 2)
+    assert files["train"] == P.make_prompt_set("train", w.train_prompts_per_tag, w.seed)
+    assert files["heldout"] == P.make_prompt_set("heldout", w.heldout_prompts_per_tag, w.seed + 1)
 
 
 def test_prompt_set_balanced_and_seeded(tmp_path):
     rows = P.make_prompt_set("train", 12, seed=3)
     tags = [m["tag"] for m in rows if m["tag"]]
     cats = [m["category"] for m in rows if m["category"]]
-    assert all(tags.count(t) == 12 for t in G.GENEVAL_TAGS)
+    assert all(tags.count(t) == (0 if t in P.TEST_ONLY else 12) for t in G.GENEVAL_TAGS)
     assert all(cats.count(c) == 12 for c in G.T2I_CATEGORIES)
     assert rows == P.make_prompt_set("train", 12, seed=3)
     assert rows != P.make_prompt_set("train", 12, seed=4)

@@ -1,7 +1,7 @@
 """The world as pretraining data: endless rendered (image, prompt) batches of the train split.
 
 Each batch draws train-split prompt combinations balanced over the world's purposes
-(GenEval tags and T2I categories), samples a scene that satisfies each and renders it.
+(GenEval tags and T2I categories) that have any (the test-only tags have none), samples a scene that satisfies each and renders it.
 Every draw comes from the generator the caller passes, so pretraining stays a pure function
 of its seed (margrpo.models.pretrain shares one generator between data and masking).
 """
@@ -18,7 +18,8 @@ class WorldBatches:
     (images [B, 3, H, W] float32 in [0, 1], prompts [B])."""
 
     def __init__(self, image_size: int):
-        self.pools = [combinations(p, "train") for p in PURPOSES]
+        # Test-only tags have no training combinations (world/prompts.py TEST_ONLY).
+        self.pools = [pool for pool in (combinations(p, "train") for p in PURPOSES) if pool]
         self.size = image_size
 
     def sample(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, list[str]]:

@@ -7,11 +7,10 @@ Pipeline for images [B, 3, H, W] in [0, 1]:
    away, the background 0), thresholded at 0.25 (half the weakest colour's contrast).
 2. Objects: 8-connected components of the mask, per image; components smaller than a
    quarter of a small triangle are noise and dropped.
-3. Per component: box; shape from two features, the fill ratio of the box
-   (square ~1, circle ~0.76, triangle and diamond ~0.5) and the mean height of the mass in
-   the box (0.5 for the symmetric shapes, ~0.66 for an upward triangle), measured on the mask
-   at 0.45 of the object's own contrast, scored against
-   prototypes with a softmax; colour by votes of pixels whose direction 1 - rgb matches
+3. Per component: box; shape by the intersection over union of the mask (at 0.45 of the
+   object's own contrast) with every world shape drawn in the same box (render.inside; no
+   search over positions or scales: that is the evaluation judge's work), turned into
+   probabilities by a softmax of IoU / SHAPE_TEMPERATURE; colour by votes of pixels whose direction 1 - rgb matches
    a palette colour or its dark stripe shade (the direction is invariant to mixing with
    the white background, so blurred edge pixels vote correctly); texture by the
    row-wise alternation of dark-shade votes; size by the box extent relative to a cell.
@@ -26,15 +25,15 @@ from scipy import ndimage
 
 from margrpo.eval.detections import Detection
 from margrpo.world.grammar import SHAPES
-from margrpo.world.render import COLOR_NAMES, COLOR_TABLE, SIZE_FRACTION, STRIPE_DARKNESS, check_size
+from margrpo.world.render import BOX_WIDTH, COLOR_NAMES, COLOR_TABLE, SIZE_FRACTION, STRIPE_DARKNESS, check_size, inside
 
 # Directions of (1 - rgb) for the C palette colours, then their dark stripe shades: [2C, 3].
 _PROTO = np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS * COLOR_TABLE], 0)
 _PROTO /= np.linalg.norm(_PROTO, axis=1, keepdims=True)
-# Shape prototypes in (fill ratio, mean relative height of mass), measured on clean and
-# blurred renders at 32 px; order follows SHAPES.
-_SHAPE_PROTO = np.array([[0.76, 0.50], [0.99, 0.50], [0.53, 0.655], [0.505, 0.50]], dtype=np.float32)
-_SHAPE_SCALE = np.array([0.06, 0.03], dtype=np.float32)
+# IoU units per logit unit: a clean world shape fits its own family at IoU ~1 and the
+# nearest other at <= 0.8, so it gets probability > 0.99; a blob halfway between two
+# families gets ~0.5 each.
+SHAPE_TEMPERATURE = 0.02
 # One image = one slice: connect 8-neighbours within an image, never across the batch.
 _STRUCTURE = np.zeros((3, 3, 3), dtype=bool)
 _STRUCTURE[1] = True
@@ -65,6 +64,7 @@ class WorldDetector:
         # then measure the distance from white.
         x_s = ndimage.gaussian_filter(x, sigma=(0, 0, self.sigma, self.sigma), mode="nearest")
         dev = np.sqrt(((1.0 - x_s) ** 2).mean(1))                 # [B, H, W]
+        raw = np.sqrt(((1.0 - x) ** 2).mean(1))                   # [B, H, W] unsmoothed
         labels, _ = ndimage.label(dev > self.fg_threshold, structure=_STRUCTURE)
         out: list[list[Detection]] = [[] for _ in range(x.shape[0])]
         for lab, sl in enumerate(ndimage.find_objects(labels), start=1):
@@ -78,36 +78,35 @@ class WorldDetector:
             comp = labels[b, ys, xs] == lab
             if comp.sum() < self.min_area:
                 continue
-            det = self._describe(comp, dev[b, ys, xs], 1.0 - x[b][:, ys, xs], ys.start, xs.start)
+            det = self._describe(comp, dev[b, ys, xs], raw[b, ys, xs], 1.0 - x[b][:, ys, xs], ys.start, xs.start)
             if det is not None:
                 out[b].append(det)
         for dets in out:
             dets.sort(key=lambda d: -d.score)
         return out
 
-    def _describe(self, comp, dev, dev_vec, y0: int, x0: int) -> Detection | None:
-        """comp: [h, w] component mask in a crop; dev: [h, w] smoothed distance from white;
+    def _describe(self, comp, dev, raw, dev_vec, y0: int, x0: int) -> Detection | None:
+        """comp: [h, w] component mask in a crop; dev / raw: [h, w] smoothed / raw distance from white;
         dev_vec: [3, h, w] raw 1 - rgb; (y0, x0): crop origin in the image."""
         # Shape mask at a fraction of the object's own contrast: blur rounds the corners of
         # a square at the half-contrast level but not at a low one (a corner keeps 1/4 of
         # the contrast), and a low relative level treats pale and dark colours alike.
+        # The level comes from the smoothed contrast (noise-free), the cut from the raw one (a
+        # small ring's 3-px hole survives it, not the smoothing).
         level = np.percentile(dev[comp], 90)
-        m = ndimage.binary_dilation(comp) & (dev > self.shape_level * level)
+        m = ndimage.binary_dilation(comp) & (raw > self.shape_level * level)
         ys, xs = np.nonzero(m)
         if ys.size < self.min_area:
             return None
         by0, by1, bx0, bx1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
         h, w = by1 - by0, bx1 - bx0
-        fill = ys.size / (h * w)
-        mean_y = float((ys - by0 + 0.5).mean() / h)
-        feats = np.array([fill, mean_y], dtype=np.float32)
-        logits = -0.5 * (((feats - _SHAPE_PROTO) / _SHAPE_SCALE) ** 2).sum(1)
+        logits = _box_ious(m[by0:by1, bx0:bx1]) / SHAPE_TEMPERATURE
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         k = int(probs.argmax())
 
         extent = max(h, w) / self.cell
-        aspect = np.log(max(h, w) / min(h, w))
+        aspect = abs(np.log(w / (BOX_WIDTH[k] * h)))   # against the fitted family's own box
         # Noise can shave a row or column off a 9-px object, so aspect ratios up to 1.35
         # cost nothing; longer boxes are smears or merged objects.
         plausible = np.exp(-0.5 * (max(aspect - 0.3, 0.0) / 0.15) ** 2)
@@ -153,3 +152,23 @@ class WorldDetector:
         texture = "striped" if p_striped >= 0.5 else "solid"
         return COLOR_NAMES[c], color_p, texture, float(max(p_striped, 1 - p_striped))
 
+
+
+def _box_ious(m: np.ndarray) -> np.ndarray:
+    """IoU [S] of a boxed mask [h, w] with every world shape whose box is the mask's box
+    (height 2r = h, centred; a shape narrower than tall keeps its own width), the better of
+    two scales."""
+    h, w = m.shape
+    r = h / 2
+    side = max(h, w)   # a square window, so that every family fits inside it
+    m = np.pad(m, (((side - h) // 2, side - h - (side - h) // 2), ((side - w) // 2, side - w - (side - w) // 2)))
+    dy = (np.arange(side) + 0.5 - (side - h) // 2 - h / 2)[:, None]
+    dx = (np.arange(side) + 0.5 - (side - w) // 2 - w / 2)[None, :]
+    out = np.zeros(len(SHAPES))
+    for s in range(len(SHAPES)):
+        # A shape d px across covers round(d) pixels, so the box's half-side h / 2 is up to
+        # 0.5 px too large; two scales keep a small ring's hole from flipping pixels.
+        for scale in (0.95, 1.0):
+            t = inside(s, dx, dy, scale * r)
+            out[s] = max(out[s], (t & m).sum() / max(int((t | m).sum()), 1))
+    return out

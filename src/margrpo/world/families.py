@@ -29,6 +29,7 @@ import torch
 
 from margrpo.world.grammar import COLORS, PLURALS, SHAPES
 from margrpo.world.paint import SUPERSAMPLE, Paint, coverage, paint
+from margrpo.world.perceptual import delta_e, nearest_other
 from margrpo.world.render import SIZE_FRACTION, Scene, SceneObject, max_jitter, render
 
 SIZE = 32
@@ -65,7 +66,7 @@ BANDS: dict[str, tuple[str, tuple[float, ...], tuple[float, float] | None, tuple
     "world_render": ("jitter px", (0.0, 1.0, 2.0), (0.0, 9.0), None),
 }
 FAMILIES = tuple(BANDS)
-REPEATS = 5  # scenes per family and value (colours, shapes, cells and sizes drawn per scene)
+REPEATS = 20  # scenes per family and value (colours, shapes, cells and sizes drawn per scene)
 
 
 @dataclass(frozen=True)
@@ -96,29 +97,6 @@ class FamilyCase:
         if self.scene is not None:
             return render([self.scene], SIZE)[0]
         return paint(list(self.objects), SIZE)
-
-
-# ---- colour: CIELAB (the truth rule's perceptual space) ---------------------------------
-
-def lab(rgb) -> np.ndarray:
-    """sRGB in [0, 1] (..., 3) -> CIELAB (..., 3), D65 white."""
-    c = np.asarray(rgb, dtype=np.float64)
-    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
-    m = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
-    xyz = lin @ m.T / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
-    return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]), 200 * (f[..., 1] - f[..., 2])], -1)
-
-
-def delta_e(a, b) -> float:
-    """CIE 1976 colour difference between two sRGB colours."""
-    return float(np.linalg.norm(lab(a) - lab(b)))
-
-
-def _nearest_other(name: str) -> str:
-    """The world colour perceptually nearest to `name`: the hue a drift goes towards."""
-    others = [c for c in COLORS if c != name]
-    return min(others, key=lambda c: delta_e(COLORS[name], COLORS[c]))
 
 
 # ---- builders: one scene per (value, repeat) ----------------------------------------------
@@ -156,7 +134,7 @@ def _shape_case(family: str, v: float, rng: np.random.Generator) -> FamilyCase:
 
 def _colour_case(family: str, v: float, rng: np.random.Generator) -> FamilyCase:
     name, shape, cell = _pick(rng, tuple(COLORS)), _pick(rng, SHAPES), int(rng.integers(4))
-    base, other = np.array(COLORS[name]), np.array(COLORS[_nearest_other(name)])
+    base, other = np.array(COLORS[name]), np.array(COLORS[nearest_other(name)])
     r, kw, measure = HALF["large"], {}, None
     if family == "hue_between":
         color = tuple((1 - v) * base + v * other)
@@ -168,7 +146,7 @@ def _colour_case(family: str, v: float, rng: np.random.Generator) -> FamilyCase:
         pale = tuple(1 - 0.45 * (1 - other))
         color, kw = name, {"color2": pale, "split": 1 - v}
     else:  # mixture: the prompted colour on the left of the object, a full other colour right
-        color, kw = name, {"color2": _nearest_other(name), "split": v}
+        color, kw = name, {"color2": nearest_other(name), "split": v}
     obj = _at(cell, shape, r, color, **kw)
     if family in ("pale_part", "mixture"):  # the bands apply to shares of the area, not of the width
         share = area_share(obj)

@@ -31,19 +31,22 @@ from __future__ import annotations
 
 from typing import Any
 
-SHAPES = ("circle", "square", "triangle", "diamond")
-PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds"}
-# Saturated, well-separated RGB in [0, 1]; every colour has one channel <= 0.15, so every
-# object, including its dark stripes, sits far from the white background. Directions of
-# (1 - rgb), which is what a pixel keeps when blurred into the white background, are at least
-# 25 degrees apart (blue - purple is the closest pair).
+SHAPES = ("circle", "square", "triangle", "diamond", "ring", "cross", "semicircle", "rectangle")
+PLURALS = {s: s + ("es" if s.endswith("s") else "s") for s in SHAPES}
+# Eight saturated colours, chosen so that every pair is at least 23 CIEDE2000 units apart
+# (orange - red and purple - blue are the closest pairs) and directions of (1 - rgb), which is
+# what a pixel keeps when blurred into the white background, at least 14 degrees apart.
+# Every colour has one channel <= 0.2, so every object, including its dark stripes, sits far
+# from the white background.
 COLORS: dict[str, tuple[float, float, float]] = {
     "red": (0.90, 0.10, 0.10),
-    "green": (0.10, 0.70, 0.20),
-    "blue": (0.15, 0.25, 0.95),
+    "orange": (1.00, 0.50, 0.025),
     "yellow": (0.95, 0.85, 0.10),
-    "purple": (0.60, 0.15, 0.80),
+    "green": (0.10, 0.70, 0.20),
     "cyan": (0.10, 0.75, 0.85),
+    "blue": (0.05, 0.35, 0.70),
+    "purple": (0.50, 0.00, 0.90),
+    "pink": (0.95, 0.20, 0.65),
 }
 TEXTURES = ("solid", "striped")
 SIZES = ("small", "large")

@@ -24,7 +24,9 @@ For images [B, 3, H, W] in [0, 1]:
 4. Colour: every interior pixel votes for the palette colour (or its stripe shade) whose
    direction of (1 - rgb) lies within 15 degrees of its own; the object has colour c only
    when c's votes are at least `color_share` of its pixels (a 60 / 40 two-colour object is
-   "mixed"); colours off the palette are "other". Texture: striped when the rows alternate
+   "mixed") and the mean colour of its light pixels keeps c's CIELAB hue angle (within
+   6-22 degrees, set from CIELAB distances, world/perceptual.py) and most of its chroma;
+   colours off the palette are "other". Texture: striped when the rows alternate
    between the colour and its dark shade at least twice. Size: the fitted box against the
    boundary between the world's small and large boxes.
 Every detection has score 1.0: the judge decides, it does not hedge.
@@ -40,6 +42,8 @@ from scipy import ndimage
 from margrpo.eval.detections import Detection
 from margrpo.world.grammar import SHAPES
 from margrpo.world.render import COLOR_NAMES, COLOR_TABLE, SIZE_FRACTION, STRIPE_DARKNESS, check_size, inside
+from margrpo.world.perceptual import drift_hue, hue_difference, lch
+from margrpo.world.shapefit import SoftFit, fit_soft
 
 OTHER = "other"
 _STRUCT = np.zeros((3, 3, 3), dtype=bool)
@@ -48,15 +52,36 @@ _STRUCT[1] = True                       # 8-connected within an image, never acr
 _DIRS = np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS * COLOR_TABLE]).astype(np.float64)
 _DIRS /= np.linalg.norm(_DIRS, axis=1, keepdims=True)
 _COS_MATCH = math.cos(math.radians(15))  # palette directions are >= 25 degrees apart
+# Each colour's CIELAB hue window (degrees): how far its hue angle turns when the colour
+# drifts 0.275 of the perceptual (delta E) way to its nearest world colour, midway between
+# the drift a person still names the colour (0.15) and one a person names otherwise (0.4):
+# 6.0 (red, towards orange) to 21.6 (cyan, towards blue). A colour keeps its name down to
+# MIN_CHROMA of its chroma (15% grey keeps 0.86-0.93 of it, 60% grey 0.42-0.57).
+_PALETTE_LCH = lch(COLOR_TABLE.astype(np.float64))
+_HUE_WINDOW = np.array([drift_hue(c, 0.275) for c in COLOR_NAMES])
+MIN_CHROMA = 0.72
+# Contrast (as dev: |1 - rgb| / sqrt(3)) of each palette colour and dark shade at full cover. [2C]
+_FULL = np.linalg.norm(np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS * COLOR_TABLE]), axis=1) / math.sqrt(3)
 # Fit grids, coarse then fine: centre offsets (px) x scale factors of the half-side r. A pixel
 # mask's IoU is a rough function of sub-pixel parameters, so the coarse grid is dense (a
 # sparse coarse-to-fine search stalls: measured on off-grid renders).
 _GRIDS = [[(dx, dy, 1 + ds) for dx in (-1, -0.5, 0, 0.5, 1) for dy in (-1, -0.5, 0, 0.5, 1)
            for ds in (-0.1, -0.05, 0, 0.05, 0.1)],
           [(dx, dy, 1 + ds) for dx in (-0.25, 0, 0.25) for dy in (-0.25, 0, 0.25) for ds in (-0.025, 0, 0.025)]]
+# Cover below this share reads as 0, above 1 - it as 1, in the object and its templates alike
+# (shapefit.fit_soft): sampling noise reads as ~0.1 of cover on the white around an object.
+NOISE_FLOOR = 0.15
+# Families refined on the soft mask after the binary fit (the best few by binary IoU).
+CANDIDATES = 3
 # Side (px) of the window an object is fitted on: a large world object (13 px at 32 px) with
 # blur, the grids' reach and a 10% larger scale fits in it; a bigger blob fits no family.
 WINDOW = 20
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    """The q-quantile of a few hundred values, nearest rank (np.percentile's overhead is ~10x
+    the work at this size)."""
+    return float(np.partition(values, int(q * (len(values) - 1)))[int(q * (len(values) - 1))])
 
 
 class WorldJudge:
@@ -64,12 +89,13 @@ class WorldJudge:
     or "other"; attributes color / texture / size)."""
 
     def __init__(self, image_size: int = 32, fg: float = 0.07, min_peak: float = 0.1,
-                 min_area: int = 6, fit_iou: float = 0.8, margin: float = 0.06,
-                 color_share: float = 0.75):
+                 min_area: int = 6, coarse_iou: float = 0.6, fit_iou: float = 0.875, margin: float = 0.03,
+                 max_defect: float = 4.8, max_stretch: float = 0.10, color_share: float = 0.75):
         self.size = check_size(image_size)
         self.cell = image_size / 2
         self.fg, self.min_peak, self.min_area = fg, min_peak, min_area
-        self.fit_iou, self.margin, self.color_share = fit_iou, margin, color_share
+        self.coarse_iou, self.fit_iou, self.margin = coarse_iou, fit_iou, margin
+        self.max_defect, self.max_stretch, self.color_share = max_defect, max_stretch, color_share
         self.size_boundary = 0.5 * (SIZE_FRACTION["small"] + SIZE_FRACTION["large"])
 
     def __call__(self, images: torch.Tensor) -> list[list[Detection]]:
@@ -81,21 +107,21 @@ class WorldJudge:
         dev_s = np.sqrt((smooth ** 2).mean(1))                          # [B, H, W] contrast, smoothed
         dev = np.sqrt((ink ** 2).mean(1))                               # [B, H, W] contrast
         blobs = self._blobs(dev_s, dev)
-        masks = [m for _, m in blobs]
-        fits = self._fit(masks)
+        fits = self._fit([m for _, m, _ in blobs])
         out: list[list[Detection]] = [[] for _ in range(x.shape[0])]
-        for (b, mask), fit in zip(blobs, fits):
-            parts = [(mask, fit)]
-            if fit[1] < self.fit_iou:
-                parts = self._split(mask, ink[b], dev[b]) or parts
+        for (b, mask, level), fit in zip(blobs, fits):
+            parts = [(mask, self._verify(mask, fit, ink[b], dev[b], level))]
+            if parts[0][1] is None:
+                parts = self._split(mask, ink[b], dev[b], level) or parts
             for m, f in parts:
-                out[b].append(self._describe(m, f, ink[b], dev[b]))
+                out[b].append(self._describe(m, f, ink[b], dev[b], level))
         return out
 
     # ------------------------------------------------------------------ objects
 
-    def _blobs(self, dev_s: np.ndarray, dev: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """(image index, full-image bool mask [H, W]) of every object candidate. Objects are
+    def _blobs(self, dev_s: np.ndarray, dev: np.ndarray) -> list[tuple[int, np.ndarray, float]]:
+        """(image index, full-image bool mask [H, W], light-band contrast) of every object
+        candidate. Objects are
         found on the smoothed contrast dev_s (noise neither cuts nor speckles them) and cut
         out on the raw contrast dev (smoothing would round a square's corners off)."""
         labels, _ = ndimage.label(dev_s > self.fg, structure=_STRUCT)
@@ -106,23 +132,23 @@ class WorldJudge:
             b = sl[0].start
             comp = labels[b] == lab
             vals = dev_s[b][comp]
-            peak = np.percentile(vals, 90)
+            peak = _quantile(vals, 0.9)
             if peak < self.min_peak:
                 continue
             # Light-band level: the lower part of the interior (stripes' dark bands are darker).
-            level = np.percentile(vals[vals >= 0.5 * peak], 30)
+            level = _quantile(vals[vals >= 0.5 * peak], 0.3)
             mask = comp & (dev[b] >= 0.5 * level)
             sub, n = ndimage.label(mask, structure=_STRUCT[1])
             for k in range(1, n + 1):
                 part = sub == k
                 if part.sum() >= self.min_area:
-                    out.append((b, part))
+                    out.append((b, part, float(level)))
         return out
 
     # ------------------------------------------------------------------ shape fit
 
-    def _fit(self, masks: list[np.ndarray]) -> list[tuple[int, float, float, tuple]]:
-        """Per mask: (best family index, its IoU, runner-up IoU, (cx, cy, r) in px)."""
+    def _fit(self, masks: list[np.ndarray]) -> list[list[tuple[int, float, tuple]]]:
+        """Per mask: (family index, binary IoU, (cx, cy, r) in px) of every family, best first."""
         if not masks:
             return []
         inits = [self._init(m) for m in masks]
@@ -132,11 +158,38 @@ class WorldJudge:
             ious, params = self._grid_iou(masks, centre, grid)
             best = (ious, params)
         ious, params = best
-        out = []
-        for o in range(len(masks)):
-            order = np.argsort(-ious[o])
-            out.append((int(order[0]), float(ious[o, order[0]]), float(ious[o, order[1]]), params[o][order[0]]))
-        return out
+        return [[(int(s), float(ious[o, s]), params[o][s]) for s in np.argsort(-ious[o])] for o in range(len(masks))]
+
+    def _cover(self, ink, dev, mask, support, level) -> np.ndarray:
+        """[H, W] covered share of each support pixel: its contrast over the full contrast of
+        the palette colour or shade its hue matches (the object's level off the palette), over
+        the object's own opacity (the 90th percentile of that ratio on its mask: 1 for a
+        world object, 0.3 for a faint one); 0 off the support."""
+        ys, xs = np.nonzero(support)
+        v = ink[:, ys, xs].T
+        cos = (v / (np.linalg.norm(v, axis=1, keepdims=True) + 1e-9)) @ _DIRS.T   # [P, 2C]
+        k = cos.argmax(1)
+        full = np.where(cos[np.arange(len(k)), k] >= _COS_MATCH, _FULL[k], level)
+        ratio = np.zeros(dev.shape)
+        ratio[ys, xs] = dev[ys, xs] / np.maximum(full, 1e-6)
+        return np.clip(ratio / max(_quantile(ratio[mask], 0.9), 1e-6), 0.0, 1.0)
+
+    def _verify(self, mask, fit, ink, dev, level, exclude=None) -> SoftFit | None:
+        """The soft fit that names the object, or None ("other"): the best binary candidates
+        refined on the soft mask (world/shapefit.py); the winner needs soft IoU >= fit_iou,
+        a lead of margin over the runner-up, no compact defect and no stretch."""
+        if fit[0][1] < self.coarse_iou:
+            return None
+        support = ndimage.binary_dilation(mask)
+        if exclude is not None:
+            support &= ~exclude
+        cover = self._cover(ink, dev, mask, support, level)
+        refined = fit_soft(cover, mask, [(s, p) for s, _, p in fit[:CANDIDATES]], floor=NOISE_FLOOR)
+        best, runner_up = refined[0], refined[1]
+        if (best.iou >= self.fit_iou and best.iou - runner_up.iou >= self.margin
+                and best.defect <= self.max_defect and best.stretch <= self.max_stretch):
+            return best
+        return None
 
     def _init(self, mask: np.ndarray) -> list[tuple[float, float, float]]:
         """Start (cx, cy, r) per family from the mask's box: every world shape's box is
@@ -192,14 +245,15 @@ class WorldJudge:
 
     # ------------------------------------------------------------------ touching objects
 
-    def _split(self, mask, ink, dev) -> list[tuple[np.ndarray, tuple]] | None:
+    def _split(self, mask, ink, dev, level) -> list[tuple[np.ndarray, SoftFit]] | None:
         """Parts of a component no family fits, each fitting one, or None."""
         for parts in (self._colour_parts(mask, ink), self._neck_parts(mask)):
             parts = [p for p in parts if p.sum() >= self.min_area]
             if len(parts) >= 2:
-                fits = self._fit(parts)
-                if all(f[1] >= self.fit_iou for f in fits):
-                    return list(zip(parts, fits))
+                verified = [self._verify(p, f, ink, dev, level, exclude=mask & ~p)
+                            for p, f in zip(parts, self._fit(parts))]
+                if all(v is not None for v in verified):
+                    return list(zip(parts, verified))
         return None
 
     def _colour_parts(self, mask, ink) -> list[np.ndarray]:
@@ -236,31 +290,47 @@ class WorldJudge:
         nc = len(COLOR_NAMES)
         return np.where(ok, k % nc, -1), ok & (k >= nc)
 
-    def _describe(self, mask, fit, ink, dev) -> Detection:
-        s, iou, runner_up, (cx, cy, r) = fit
-        shaped = iou >= self.fit_iou and iou - runner_up >= self.margin
+    def _describe(self, mask, fit: SoftFit | None, ink, dev, level) -> Detection:
         ys, xs = np.nonzero(mask)
         box = (float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1))
-        extent = 2 * r if shaped else max(box[2] - box[0], box[3] - box[1])
+        extent = 2 * fit.params[2] if fit is not None else max(box[2] - box[0], box[3] - box[1])
         # Interior pixels only: edge pixels mix with white (same direction) and with neighbours.
         vals = dev[ys, xs]
-        interior = vals >= 0.6 * np.percentile(vals, 90)
-        colour, dark = self._pixel_colours(ink[:, ys[interior], xs[interior]].T)
+        interior = vals >= 0.6 * _quantile(vals, 0.9)
+        v = ink[:, ys[interior], xs[interior]].T
+        colour, dark = self._pixel_colours(v)
         return Detection(
-            label=SHAPES[s] if shaped else OTHER, score=1.0, box=box,
-            attributes={"color": self._colour_name(colour, dark),
+            label=SHAPES[fit.family] if fit is not None else OTHER, score=1.0, box=box,
+            attributes={"color": self._colour_name(colour, dark, v),
                         "texture": self._texture(ys[interior], dark),
                         "size": "large" if extent / self.cell >= self.size_boundary else "small"})
 
-    def _colour_name(self, colour: np.ndarray, dark: np.ndarray) -> str:
+    def _colour_name(self, colour: np.ndarray, dark: np.ndarray, v: np.ndarray) -> str:
+        """colour, dark: per interior pixel (_pixel_colours); v: their ink [P, 3]."""
         n = len(colour)
         if n == 0:
             return OTHER
-        votes = np.bincount(colour[colour >= 0], minlength=len(COLOR_NAMES))
-        c = int(votes.argmax())
-        light = int(((colour == c) & ~dark).sum())
-        if votes[c] >= self.color_share * n and light >= 0.25 * n:
-            return COLOR_NAMES[c]
+        # The colour is the light pixels' vote; a dark pixel supports it when it lies within
+        # the window of c's own dark shade (the dark shades of neighbouring colours are a few
+        # degrees apart, so their argmax splits under noise).
+        light_votes = np.bincount(colour[(colour >= 0) & ~dark], minlength=len(COLOR_NAMES))
+        c = int(light_votes.argmax())
+        lit = (colour == c) & ~dark
+        light = int(lit.sum())
+        shade = _DIRS[len(COLOR_NAMES) + c]
+        dark_ok = dark & ((v @ shade) >= _COS_MATCH * np.linalg.norm(v, axis=1))
+        if light + int(dark_ok.sum()) >= self.color_share * n and light >= 0.25 * n:
+            # The votes' 15-degree window admits hues a person names otherwise: the light
+            # pixels' mean colour, un-mixed from the white background by its opacity (its
+            # ink's projection on c's), must keep c's hue (_HUE_WINDOW) and most of its chroma.
+            ink_c = 1.0 - COLOR_TABLE[c].astype(np.float64)
+            mean = v[lit].mean(0)
+            opacity = float(np.clip(mean @ ink_c / (ink_c @ ink_c), 0.05, 1.0))
+            _, chroma, hue = lch(np.clip(1.0 - mean / opacity, 0.0, 1.0))
+            if (abs(hue_difference(hue, _PALETTE_LCH[2][c])) <= _HUE_WINDOW[c]
+                    and chroma >= MIN_CHROMA * _PALETTE_LCH[1][c]):
+                return COLOR_NAMES[c]
+            return OTHER
         # A grey or black object matches only dark shades; a two-colour object splits votes.
         return "mixed" if light >= 0.25 * n else OTHER
 

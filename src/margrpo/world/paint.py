@@ -22,8 +22,8 @@ from margrpo.world.render import STRIPE_DARKNESS, inside
 SUPERSAMPLE = 8
 # Shapes outside the world's family, as implicit functions of the offset (dx, dy) from the
 # centre (y down) and the half-extent r; aspect stretches x (dx is divided by it).
-FOREIGN = ("down_triangle", "plus", "star", "arrow", "ring", "right_triangle", "crescent",
-           "semicircle", "hexagon", "rectangle", "ellipse", "heart")
+FOREIGN = ("down_triangle", "plus", "star", "arrow", "right_triangle", "crescent", "hexagon",
+           "ellipse", "heart")
 # Pieces cut out of a shape (Paint.cut_kind), sized by Paint.cut: a square notch at the
 # top-right corner (side cut x the box side), a bite at the right edge (radius cut x r), a
 # centred hole (radius cut x r, the shape's own outline), a wedge pointing right (angle cut
@@ -50,19 +50,14 @@ def _foreign_inside(shape: str, dx: np.ndarray, dy: np.ndarray, r: float, inner:
         head = (dy <= 0) & (ax <= (dy + r))
         shaft = (dy > 0) & (dy <= r) & (ax <= r / 3)
         return box & (head | shaft)
-    if shape == "ring":
-        d2 = dx**2 + dy**2
-        return (d2 <= r**2) & (d2 >= (0.55 * r) ** 2)
     if shape == "right_triangle":  # right angle at the bottom left
         return box & (dx - (-r) <= (dy - (-r)))
     if shape == "crescent":
         return (dx**2 + dy**2 <= r**2) & ((dx - 0.5 * r) ** 2 + dy**2 > (0.8 * r) ** 2)
-    if shape == "semicircle":  # the upper half of a disk, its flat side down
-        return (dx**2 + dy**2 <= r**2) & (dy <= 0)
     if shape == "hexagon":  # flat top and bottom
         return (ay <= 0.866 * r) & (0.866 * ax + 0.5 * ay <= 0.866 * r)
-    if shape in ("rectangle", "ellipse"):  # stretched by aspect before the call
-        return box if shape == "rectangle" else dx**2 + dy**2 <= r**2
+    if shape == "ellipse":  # stretched by aspect before the call
+        return dx**2 + dy**2 <= r**2
     raise ValueError(f"unknown shape {shape!r}; world shapes: {SHAPES}; others: {FOREIGN}")
 
 

@@ -9,13 +9,16 @@ combination is in the same split on every machine and Python version.
   training or validation prompt ("a purple triangle" appears in no such prompt, though
   purple and triangles do). Every combination that binds one is in the test split only,
   subset "novel": compositional generalisation, reported apart.
+- Test-only tags (TEST_ONLY): single_object, two_object and counting have 8, 56 and 24
+  combinations, too few to give both a training pool and >= MIN_TEST unseen test prompts;
+  as GenEval meets a real model, none of their prompts is trained on, validated on or
+  pretrained on, and their whole pool is the test split (subset "unseen_tag"). A purpose
+  whose split below would leave too little to train on is test-only in the same way.
 - Of the other combinations of a purpose (N of them), the VALIDATION_FRACTION with the
   lowest hashes (at least one) are held out for validation ("heldout": selection of the
   best checkpoint during training). The test split takes the next max(MIN_TEST,
-  TEST_FRACTION N) (subset "test", never trained on) when that leaves at least
-  MIN_TRAIN_FRACTION of the purpose for training; a purpose too small for that
-  (single_object has one combination per shape) has its whole pool in the test split
-  instead, subset "reused": training prompts under fresh image seeds, marked as such.
+  TEST_FRACTION N) (subset "test", never trained on), leaving at least
+  MIN_TRAIN_FRACTION of the purpose for training.
 - The test prompt set (make_test_set) lists each test combination once, at most
   `per_tag` per purpose and subset, so its headline numbers rest on distinct prompts.
 """
@@ -25,6 +28,7 @@ import hashlib
 import itertools
 import json
 import math
+import zlib
 from functools import lru_cache
 from typing import Any
 
@@ -36,16 +40,18 @@ from margrpo.world.render import Scene, SceneObject, max_jitter
 
 VALIDATION_FRACTION = 0.2
 TEST_FRACTION = 0.25
-MIN_TEST = 10
+MIN_TEST = 20
 MIN_TRAIN_FRACTION = 0.4
+TEST_ONLY = ("single_object", "two_object", "counting")
 # (colour, shape) bindings no training or validation prompt names: one colour per shape.
-NOVEL_PAIRS = (("cyan", "circle"), ("green", "square"), ("purple", "triangle"), ("yellow", "diamond"))
+NOVEL_PAIRS = (("cyan", "circle"), ("green", "square"), ("purple", "triangle"), ("yellow", "diamond"),
+               ("orange", "ring"), ("pink", "cross"), ("blue", "semicircle"), ("red", "rectangle"))
 # One pool per purpose. T2I "color" has no pool of its own: its prompts are the
 # color_attr prompts (same text, both labels), so balancing over PURPOSES gives every
 # tag and every category n_per_tag prompts.
 PURPOSES = GENEVAL_TAGS + tuple(c for c in T2I_CATEGORIES if c != "color")
 SPLITS = ("train", "heldout", "test", "novel")
-TEST_SUBSETS = ("test", "reused", "novel")
+TEST_SUBSETS = ("test", "unseen_tag", "novel")
 CORRUPTIONS = ("wrong_color", "wrong_shape", "wrong_count", "swapped_relation",
                "missing_object", "wrong_texture", "wrong_size")
 
@@ -110,9 +116,12 @@ def _enumerate(purpose: str) -> list[dict[str, Any]]:
         # Each phrase carries one or two attributes; keep only combinations that are not
         # already a simpler category (colour-only relations are spatial, etc.).
         opts = _attr_options(2)
+        names = [str(sorted(o.items())) for o in opts]
         out = []
-        for (a, b), oa, ob in itertools.product(_pairs(), opts, opts):
+        for (a, b), (ia, oa), (ib, ob) in itertools.product(_pairs(), enumerate(opts), enumerate(opts)):
             for rel in (None,) + RELATIONS:
+                if not _keep_complex(f"{a}|{b}|{names[ia]}|{names[ib]}|{rel}"):
+                    continue
                 m = make_meta([_obj(a, **oa), _obj(b, **ob)]) if rel is None else \
                     _rel(_obj(a, **oa), _obj(b, **ob), rel, "t2i")
                 if m["category"] == "complex":
@@ -124,6 +133,17 @@ def _enumerate(purpose: str) -> list[dict[str, Any]]:
     raise ValueError(f"unknown purpose {purpose!r}; purposes: {', '.join(PURPOSES)}")
 
 
+# The complex space is ~650k combinations (56 shape pairs x 48^2 attribute sets x 5
+# relations); enumerating it all takes ~40 s at every start, so the purpose keeps a fixed
+# 1/COMPLEX_KEEP of it, chosen by a checksum of the combination's parts (~10k, ~2 s).
+COMPLEX_KEEP = 64
+
+
+def _keep_complex(key: str) -> bool:
+    """key: "shape|shape|attributes|attributes|relation"; CRC-32 is stable across runs and machines."""
+    return zlib.crc32(key.encode()) % COMPLEX_KEEP == 0
+
+
 def binds_novel(meta: dict[str, Any]) -> bool:
     """Whether a prompt binds a colour to a shape that training never binds (NOVEL_PAIRS)."""
     return any((r.get("color"), r["class"]) in NOVEL_PAIRS for r in meta["include"])
@@ -132,7 +152,7 @@ def binds_novel(meta: dict[str, Any]) -> bool:
 @lru_cache(maxsize=None)
 def _split_pools(purpose: str) -> dict[str, Any]:
     """{"heldout", "train", "test", "novel": combinations as JSON strings, "test_subset":
-    "test" or "reused"} for one purpose (module docstring)."""
+    "test" or "unseen_tag"} for one purpose (module docstring)."""
     metas = sorted(_enumerate(purpose), key=_hash)
     novel = [m for m in metas if binds_novel(m)]
     pool = [m for m in metas if not binds_novel(m)]
@@ -140,24 +160,26 @@ def _split_pools(purpose: str) -> dict[str, Any]:
     n_val = max(1, math.ceil(VALIDATION_FRACTION * n))
     n_test = max(MIN_TEST, math.ceil(TEST_FRACTION * n))
     as_json = [json.dumps(m) for m in pool]
-    out = {"heldout": tuple(as_json[:n_val]), "novel": tuple(json.dumps(m) for m in novel)}
-    if n - n_val - n_test >= MIN_TRAIN_FRACTION * n:
-        out.update(test=tuple(as_json[n_val:n_val + n_test]), train=tuple(as_json[n_val + n_test:]), test_subset="test")
+    out = {"novel": tuple(json.dumps(m) for m in novel)}
+    if purpose not in TEST_ONLY and n - n_val - n_test >= MIN_TRAIN_FRACTION * n:
+        out.update(heldout=tuple(as_json[:n_val]), test=tuple(as_json[n_val:n_val + n_test]),
+                   train=tuple(as_json[n_val + n_test:]), test_subset="test")
     else:
-        out.update(test=tuple(as_json), train=tuple(as_json[n_val:]), test_subset="reused")
+        out.update(heldout=(), test=tuple(as_json), train=(), test_subset="unseen_tag")
     return out
 
 
 def combinations(purpose: str, split: str) -> list[dict[str, Any]]:
     """All combinations of a purpose in a split (fresh dicts, stable order). The test split
-    of a "reused" purpose holds its whole pool (test_subset)."""
+    of a test-only purpose holds its whole pool, its other splits nothing (test_subset)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return [json.loads(s) for s in _split_pools(purpose)[split]]
 
 
 def test_subset(purpose: str) -> str:
-    """"test" when the purpose's test combinations are never trained on, else "reused"."""
+    """"unseen_tag" for a test-only purpose (no prompt of it is trained on), else "test"
+    (its test combinations are never trained on, its others are)."""
     return _split_pools(purpose)["test_subset"]
 
 
@@ -169,7 +191,7 @@ def _split_by_key(purpose: str) -> dict[str, str]:
 
 
 def split_of(meta: dict[str, Any]) -> str:
-    """The split a combination belongs to (train or heldout for a reused test prompt)."""
+    """The split a combination belongs to."""
     purpose = meta["tag"] if meta.get("tag") else meta["category"]
     split = _split_by_key(purpose).get(canonical_key(meta))
     if split is None:
@@ -178,9 +200,10 @@ def split_of(meta: dict[str, Any]) -> str:
 
 
 def make_prompt_set(split: str, n_per_tag: int, seed: int) -> list[dict[str, Any]]:
-    """n_per_tag prompts for every purpose (so n per GenEval tag and per T2I category),
-    drawn without replacement; a purpose with fewer combinations than n_per_tag cycles
-    through fresh permutations of its pool, so small pools repeat prompts."""
+    """n_per_tag prompts for every purpose with combinations in the split (so n per GenEval
+    tag and per T2I category; test-only tags have none in train and heldout), drawn
+    without replacement; a purpose with fewer combinations than n_per_tag cycles through
+    fresh permutations of its pool, so small pools repeat prompts."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for purpose in PURPOSES:
@@ -196,9 +219,9 @@ def make_prompt_set(split: str, n_per_tag: int, seed: int) -> list[dict[str, Any
 
 def make_test_set(per_tag: int, novel_per_tag: int, seed: int) -> list[dict[str, Any]]:
     """The test prompts: per purpose, up to per_tag distinct test combinations (all of a
-    reused purpose's pool up to that cap) and up to novel_per_tag distinct novel ones, each
-    once, with "subset" set to test / reused / novel. Drawn from the pools in a seeded
-    random order."""
+    test-only purpose's pool up to that cap) and up to novel_per_tag distinct novel ones,
+    each once, with "subset" set to test / unseen_tag / novel. Drawn from the pools in a
+    seeded random order."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for purpose in PURPOSES:

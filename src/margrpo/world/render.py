@@ -4,7 +4,9 @@ of a 2x2 grid.
 Geometry at size H (cell = H/2 px): an object's "diameter" d (bounding-box side) is
 0.55 cell (small) or 0.80 cell (large; 0.8 rather than 0.85 so that neighbours keep a
 3-px gap at 32 px, which a blurred generated image does not bridge). A circle has radius d/2,
-a square side d, a triangle points up with base d and height d, a diamond has diagonals d
+a square side d, a triangle points up with base d and height d, a diamond has diagonals d,
+a ring is a circle with a hole of half its radius, a cross is a plus sign with bars d/3
+wide, a semicircle (flat side left) and a rectangle stand upright, d tall and d/2 wide
 (`inside`). A pixel belongs to a shape when its centre does (hard
 edges: a pixel-patch model learns them easily and the detector reads them exactly).
 Striped objects alternate horizontal bands of the colour and the colour x 0.45, each band
@@ -21,6 +23,8 @@ from margrpo.world.grammar import COLORS, SHAPES
 
 SIZE_FRACTION = {"small": 0.55, "large": 0.80}
 STRIPE_DARKNESS = 0.45
+RING_HOLE = 0.5    # a ring's hole radius / its outer radius
+CROSS_ARM = 1 / 3  # a cross's bar half-width / its half-side
 COLOR_NAMES = tuple(COLORS)
 COLOR_TABLE = np.array([COLORS[c] for c in COLOR_NAMES], dtype=np.float32)  # [C, 3] RGB in [0, 1]
 
@@ -76,7 +80,28 @@ def _diamond(dx, dy, r):
     return np.abs(dx) + np.abs(dy) <= r
 
 
-_INSIDE = (_circle, _square, _triangle, _diamond)   # order of SHAPES
+def _ring(dx, dy, r):   # a disc with a centred hole of half its radius
+    d2 = dx**2 + dy**2
+    return (d2 <= r**2) & (d2 >= (RING_HOLE * r) ** 2)
+
+
+def _cross(dx, dy, r):  # an upright cross (plus sign): two bars of width 2 * CROSS_ARM * r
+    ax, ay = np.abs(dx), np.abs(dy)
+    return (ax <= r) & (ay <= r) & ((ax <= CROSS_ARM * r) | (ay <= CROSS_ARM * r))
+
+
+def _semicircle(dx, dy, r):  # the right half of a disc of radius r, flat side left; box r wide, 2r tall
+    return (np.abs(dx) <= r / 2) & ((dx + r / 2) ** 2 + dy**2 <= r**2)
+
+
+def _rectangle(dx, dy, r):   # standing: r wide, 2r tall
+    return (np.abs(dx) <= r / 2) & (np.abs(dy) <= r)
+
+
+_INSIDE = (_circle, _square, _triangle, _diamond, _ring, _cross, _semicircle, _rectangle)   # order of SHAPES
+# Box width / box height of each shape (order of SHAPES): the half-disc and the rectangle stand
+# upright, so that a small one still spans four stripe bands (a flat one would span two).
+BOX_WIDTH = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.5], dtype=np.float32)
 
 
 def inside(shape, dx, dy, r):
@@ -86,7 +111,10 @@ def inside(shape, dx, dy, r):
     r: half the bounding-box side (px). Arrays broadcast against each other.
 
     circle: radius r; square: side 2r; triangle: points up, base 2r and height 2r; diamond:
-    the square turned by 45 degrees with its corners on the box's edge midpoints.
+    the square turned by 45 degrees with its corners on the box's edge midpoints; ring: the
+    circle less a centred disc of radius RING_HOLE r; cross: a plus sign of two bars 2r long
+    and 2 CROSS_ARM r wide; semicircle: the right half of a disc of radius r, flat side left,
+    centred on its box (r wide, 2r tall); rectangle: r wide, 2r tall.
     """
     if isinstance(shape, (int, np.integer)):
         return _INSIDE[shape](dx, dy, r)
@@ -114,11 +142,10 @@ def render(scenes: list[Scene], size: int = 32) -> torch.Tensor:
         # A shape about n px wide is centred on a pixel centre when n is odd and on a pixel
         # corner when n is even, so its rasterisation is symmetric (a 9-px circle centred
         # on a corner would come out as an 8x8 square with clipped corners).
-        offset = 0.5 * (np.round(d) % 2)
-        cy = np.array([cell / 2 + o.jitter[0] for _, o in objs], dtype=np.float32) + offset
-        cx = np.array([cell / 2 + o.jitter[1] for _, o in objs], dtype=np.float32) + offset
-        r = d / 2
         shape = np.array([SHAPES.index(o.shape) for _, o in objs])
+        cy = np.array([cell / 2 + o.jitter[0] for _, o in objs], dtype=np.float32) + 0.5 * (np.round(d) % 2)
+        cx = np.array([cell / 2 + o.jitter[1] for _, o in objs], dtype=np.float32) + 0.5 * (np.round(d * BOX_WIDTH[shape]) % 2)
+        r = d / 2
         color = COLOR_TABLE[[COLOR_NAMES.index(o.color) for _, o in objs]]    # [O, 3]
         striped = np.array([o.texture == "striped" for _, o in objs])
 
