@@ -3,8 +3,9 @@
 `python -m pipeline.evaluate --target grpo`. The test split is used only here: training
 selects its best checkpoint on the held-out split. One replicate per seed in train.seeds:
 for a trained method, replicate s scores the final and the best model trained with seed s;
-for `base`, the one base model. Replicate s samples evaluate.images_per_prompt images per prompt with the same
-per-image seeds for every target, so targets differ only in their weights. Outputs under
+for `base`, the one base model. Replicate s samples evaluate.images_per_prompt images per prompt, more for
+the prompts of a GenEval tag with few prompts (evaluate.images_per_tag; world/generate.py allocate_images),
+with the same per-image seeds for every target, so targets differ only in their weights. Outputs under
 reports/eval/<target>/: metrics.json (mean and std over replicates; DVC metrics),
 per_seed.json (each replicate's summary), per_seed_best.json (the same for the best
 checkpoints, not resampled where best/ is final/; methods only, {} for base), per_prompt.json
@@ -36,21 +37,27 @@ def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc
 
     from margrpo.models.loading import load_model
     from margrpo.study import sample_and_score
-    from margrpo.world.generate import grid_prompt_indices, image_grid, image_seeds, per_prompt, summarize
+    from margrpo.world.generate import (allocate_images, fold_rows, grid_prompt_indices, image_grid, image_seeds,
+                                        per_prompt, summarize)
     from margrpo.world.judge import JudgedEvaluator
 
     model = load_model(model_path, params)
     e = params.evaluate
-    seeds = image_seeds(e.seed, replicate, len(metas), e.images_per_prompt)
-    rows = grid_prompt_indices(metas, e.grid_prompts) if grid else []
-    keep = [r * e.images_per_prompt + k for r in rows for k in range(e.images_per_prompt)]
-    scores, kept = sample_and_score(model, metas, seeds, e.batch_size, JudgedEvaluator(params.world.image_size),
+    k = e.images_per_prompt
+    # A prompt with more images (evaluate.images_per_tag) is sampled as several rows of k.
+    repeats = [n // k for n in allocate_images(metas, k, e.images_per_tag)]
+    first = [sum(repeats[:i]) for i in range(len(metas))]          # each prompt's first row
+    rows_meta = [m for m, r in zip(metas, repeats) for _ in range(r)]
+    seeds = image_seeds(e.seed, replicate, len(rows_meta), k)
+    shown = grid_prompt_indices(metas, e.grid_prompts) if grid else []
+    keep = [first[p] * k + j for p in shown for j in range(k)]
+    scores, kept = sample_and_score(model, rows_meta, seeds, e.batch_size, JudgedEvaluator(params.world.image_size),
                                     keep=keep, progress=True, desc=desc)
     picture = None
     if grid:
-        images = torch.stack([kept[i] for i in keep]).unflatten(0, (len(rows), e.images_per_prompt))
-        picture = image_grid(images, [metas[r]["prompt"] for r in rows])
-    return summarize(scores), per_prompt(scores, len(metas)), picture
+        images = torch.stack([kept[i] for i in keep]).unflatten(0, (len(shown), k))
+        picture = image_grid(images, [metas[p]["prompt"] for p in shown])
+    return summarize(scores), fold_rows(per_prompt(scores, len(rows_meta)), repeats), picture
 
 
 def prompt_rows(metas: list[dict]) -> list[dict]:
@@ -111,7 +118,9 @@ def evaluate(target: str) -> None:
             if study is not None:
                 study.log_metrics(run_id, {f"seed{seed}/best/{k}": v for k, v in per_seed_best[seed].items()})
     if study is not None:
-        images = len(metas) * params.evaluate.images_per_prompt * sampled
+        from margrpo.world.generate import allocate_images
+
+        images = sum(allocate_images(metas, params.evaluate.images_per_prompt, params.evaluate.images_per_tag)) * sampled
         publish(study, run_id, target, params, metas, per_seed, per_seed_best, prompts, grid, images, time.time() - t0)
 
 
@@ -133,8 +142,11 @@ def publish(study, run_id: str, target: str, params, metas: list[dict], per_seed
     common.write_text(scores_csv(agg["mean"]), out / "scores.csv")
     common.write_json({str(k): v for k, v in per_seed.items()}, out / "per_seed.json")
     common.write_json({str(k): v for k, v in per_seed_best.items()}, out / "per_seed_best.json")
-    common.write_json({"images_per_prompt": params.evaluate.images_per_prompt, "prompts": prompt_rows(metas),
-                       **prompts}, out / "per_prompt.json")
+    from margrpo.world.generate import allocate_images
+
+    common.write_json({"images_per_prompt": params.evaluate.images_per_prompt,
+                       "images": allocate_images(metas, params.evaluate.images_per_prompt, params.evaluate.images_per_tag),
+                       "prompts": prompt_rows(metas), **prompts}, out / "per_prompt.json")
     common.write_json(metrics, out / "metrics.json")
     # 4 decimals (far below the replicate noise): readable in the runs table's columns
     study.log_metrics(run_id, agg["mean"], digits=4)

@@ -113,10 +113,6 @@ def to_retrain(params, raw: dict) -> list[str]:
     return out
 
 
-def _lines(path) -> int:
-    return sum(1 for _ in open(path)) if path.exists() else 0
-
-
 def _tagged(path) -> int:
     return sum(1 for line in open(path) if json.loads(line).get("tag")) if path.exists() else 0
 
@@ -159,13 +155,24 @@ def _method_seconds(params, m: str) -> float | None:
     total = step_s * t.steps * seeds
     per_image = ev.get("time/eval_s", 0.0) / max(1, ev.get("images", 1))
     # evaluate@<method>: the final and the best checkpoint of each seed on the test split
-    total += per_image * _lines(common.TEST_PROMPTS) * params.evaluate.images_per_prompt * seeds * 2
+    total += per_image * _test_images(params) * seeds * 2
     # in-training evaluations (step 0, every eval_every steps, the last step) of the
     # held-out GenEval-tag prompts
     if t.eval_every > 0:
         evals = 1 + t.steps // t.eval_every + (t.steps % t.eval_every > 0)
         total += per_image * _tagged(common.HELDOUT_PROMPTS) * t.eval_images_per_prompt * evals * seeds
     return total
+
+
+def _test_images(params) -> int:
+    """Images one evaluation replicate samples on the committed test prompts."""
+    from margrpo.jsonl import read_jsonl
+    from margrpo.world.generate import allocate_images
+
+    if not common.TEST_PROMPTS.exists():
+        return 0
+    e = params.evaluate
+    return sum(allocate_images(read_jsonl(common.TEST_PROMPTS), e.images_per_prompt, e.images_per_tag))
 
 
 def plan(params, raw: dict, text: str) -> str:

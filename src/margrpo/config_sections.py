@@ -150,7 +150,10 @@ def finite(value: Any) -> bool:
 
 
 class EvaluateConfig(Strict):
-    images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed")
+    images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed (the least any prompt gets)")
+    images_per_tag: int = Field(0, ge=0, description="at least this many images per GenEval tag and seed on the "
+                                "headline test prompts: a tag with few prompts samples more of each (whole multiples "
+                                "of images_per_prompt; world/generate.py allocate_images); 0: images_per_prompt each")
     seed: int = Field(1234, description="seed of the per-image seeds, the same for every target")
     batch_size: int = Field(64, ge=1, description="images per sampling batch of every evaluation (held-out during "
                             "training, test, sample_baseline)")

@@ -19,6 +19,23 @@ from margrpo.world.evaluator import WorldEvaluator
 _SEED_RANGE = 2**62  # per-image seeds are int64; stay well inside the range
 
 
+def allocate_images(metas: Sequence[dict], per_prompt: int, per_tag: int) -> list[int]:
+    """Images per prompt [P] for one evaluation replicate: per_prompt for every prompt, and
+    for a headline prompt (subset not "novel") of a GenEval tag with n such prompts,
+    ceil(per_tag / (n per_prompt)) times per_prompt, so every tag gets >= per_tag images and
+    its prompts equal shares (a tag's mean weights its prompts alike). The standard error of
+    a tag's score shrinks with its images, not its prompts, when the prompts are fixed."""
+    counts: dict[str, int] = {}
+    for m in metas:
+        if m.get("tag") and m.get("subset") != "novel":
+            counts[m["tag"]] = counts.get(m["tag"], 0) + 1
+    out = []
+    for m in metas:
+        n = counts.get(m.get("tag"), 0) if m.get("subset") != "novel" else 0
+        out.append(per_prompt * max(1, math.ceil(per_tag / (n * per_prompt))) if n and per_tag else per_prompt)
+    return out
+
+
 def image_seeds(base_seed: int, replicate: int, n_prompts: int, per_prompt: int) -> torch.Tensor:
     """Per-image seeds [n_prompts, per_prompt] for one evaluation replicate."""
     gen = torch.Generator().manual_seed(base_seed * 1_000_003 + replicate)
@@ -75,6 +92,20 @@ def per_prompt(scores: dict, n_prompts: int, keys=("geneval", "t2i", "proxy_gene
         v = scores[key].float().reshape(n_prompts, -1)                  # [P, K]
         means = v.mean(1).tolist()
         out[key] = [None if math.isnan(x) else x for x in means]
+    return out
+
+
+def fold_rows(values: dict, repeats: Sequence[int]) -> dict:
+    """Per-row means (per_prompt over rows of a repeated prompt list) -> per-prompt means:
+    key -> [P], each prompt the mean of its `repeats` consecutive rows (None stays None)."""
+    out = {}
+    for key, rows in values.items():
+        folded, i = [], 0
+        for r in repeats:
+            part = [v for v in rows[i:i + r] if v is not None]
+            folded.append(sum(part) / len(part) if part else None)
+            i += r
+        out[key] = folded
     return out
 
 
