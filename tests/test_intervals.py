@@ -126,7 +126,7 @@ def _per_prompt(prompts, final, best=None, ipp=2):
 
 PROMPTS = [{"prompt": "a red circle", "tag": "colors", "category": "color", "subset": "test"},
            {"prompt": "a blue square", "tag": "colors", "category": "color", "subset": "test"},
-           {"prompt": "two circles", "tag": "counting", "category": None, "subset": "reused"},
+           {"prompt": "two circles", "tag": "counting", "category": None, "subset": "unseen_tag"},
            {"prompt": "a square", "tag": "single_object", "category": None, "subset": "novel"},
            {"prompt": "a furry cube", "tag": None, "category": "texture", "subset": "test"}]
 
@@ -138,7 +138,7 @@ def _scores(g, t):
 def test_score_interval_reads_per_prompt_json():
     a = _per_prompt(PROMPTS, {"0": _scores([1.0, 0.0, 1.0, 0.0, None], [0.6, 0.4, None, None, 0.2]),
                               "1": _scores([1.0, 0.0, 1.0, 0.0, None], [0.6, 0.4, None, None, 0.2])})
-    # overall: tags colors (0.5) and counting (1.0) of the test + reused prompts; the novel prompt is apart
+    # overall: tags colors (0.5) and counting (1.0) of the test + unseen-tag prompts; the novel prompt is apart
     assert score_interval(a, "eval/geneval/overall").point == pytest.approx(0.75)
     assert score_interval(a, "eval/geneval/overall", subsets=("novel",)).point == pytest.approx(0.0)
     assert score_interval(a, "eval/geneval/colors").point == pytest.approx(0.5)
@@ -160,7 +160,7 @@ def test_metric_spec_and_prompt_counts():
     assert metric_spec("eval/partial") is None and metric_spec("reward/mean") is None
     counts = prompt_counts({"prompts": PROMPTS + [dict(PROMPTS[0])]})  # a repeated text counts once
     assert counts["test"] == {"all": 3, "colors": 2, "color": 2, "texture": 1}
-    assert counts["reused"] == {"all": 1, "counting": 1} and counts["novel"]["all"] == 1
+    assert counts["unseen_tag"] == {"all": 1, "counting": 1} and counts["novel"]["all"] == 1
 
 
 def test_read_per_prompt_restricts_seeds(tmp_path):
@@ -185,7 +185,7 @@ def test_a_whole_prompt_space_is_not_resampled():
 
 
 def test_score_interval_reads_the_pool_sizes():
-    prompts = [{"prompt": t, "tag": "single_object", "category": None, "subset": "reused", "pool": 2}
+    prompts = [{"prompt": t, "tag": "single_object", "category": None, "subset": "unseen_tag", "pool": 2}
                for t in ("a circle", "a square")]
     data = {"prompts": prompts, "final": {"0": {"geneval": [0.0, 1.0]}, "1": {"geneval": [0.5, 0.5]}}}
     iv = score_interval(data, "eval/geneval/overall", method="bootstrap")

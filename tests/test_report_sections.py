@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [{"prompt": "a red circle", "tag": "colors", "category": "color", "subset": "test"},
            {"prompt": "a blue square", "tag": "colors", "category": "color", "subset": "test"},
            {"prompt": "two circles", "tag": "counting", "category": "numeracy", "subset": "test"},
-           {"prompt": "three squares", "tag": "counting", "category": "numeracy", "subset": "reused"},
+           {"prompt": "three squares", "tag": "counting", "category": "numeracy", "subset": "unseen_tag"},
            {"prompt": "a green cube", "tag": "colors", "category": "color", "subset": "novel"},
            {"prompt": "a red cube", "tag": "colors", "category": "color", "subset": "novel"}]
 
@@ -76,7 +76,7 @@ def test_novel_section_and_prompt_counts():
     assert rows["mar_grpo"] == ["–"] * 4  # not evaluated with per-prompt scores
     assert novel_section({"base": _pp(0.4, novel=False)}, ["grpo"]) is None
     line = prompt_counts_line(per_prompt)
-    assert "test: 3 (color 2, colors 2, counting 1, numeracy 1)" in line and "reused: 1" in line
+    assert "test: 3 (color 2, colors 2, counting 1, numeracy 1)" in line and "unseen_tag: 1" in line
     assert "novel: 2" in line and "2 images per prompt" in line
     assert prompt_counts_line({}) is None
 
@@ -200,3 +200,13 @@ def test_summary_compares_the_reward_detector_gain_with_the_judge_gain():
     line = summary_text.reward_vs_judge({"base": base, "grpo": grpo}, ["grpo"])
     assert "grpo +0.200 by the reward's detector, +0.100 by the judge" in line
     assert summary_text.reward_vs_judge({"grpo": grpo}, ["grpo"]) is None
+
+
+def test_noise_line_states_sigma_e_beside_the_seed_spread():
+    from margrpo.report.build import noise_line
+
+    evals = {"base": {"std": {"eval/geneval/overall": 0.008}, "replicates": 3},
+             "grpo": {"std": {"eval/geneval/overall": 0.031}}}
+    line = noise_line(evals, ["grpo"])
+    assert "sigma_E = 0.008" in line and "3 evaluation seeds" in line and "grpo 0.031" in line
+    assert noise_line({"base": {"std": {}, "replicates": 1}}, ["grpo"]) is None

@@ -160,3 +160,15 @@ def test_render_speed():
     t = time.perf_counter()
     render(scenes)
     assert time.perf_counter() - t < 0.05
+
+
+def test_images_allocated_per_tag_and_folded_per_prompt():
+    from margrpo.world.generate import allocate_images, fold_rows
+
+    metas = ([{"tag": "single_object", "subset": "unseen_tag"}] * 2 + [{"tag": "colors", "subset": "test"}] * 10
+             + [{"tag": "colors", "subset": "novel"}, {"tag": None, "category": "shape", "subset": "test"}])
+    counts = allocate_images(metas, 2, 40)
+    assert counts == [20, 20] + [4] * 10 + [2, 2]          # >= 40 images per tag, whole multiples of 2
+    assert allocate_images(metas, 2, 0) == [2] * len(metas)
+    assert fold_rows({"geneval": [1.0, 0.0, 0.5, None]}, [3, 1]) == {"geneval": [0.5, None]}
+    assert fold_rows({"t2i": [None, None, 0.25]}, [2, 1]) == {"t2i": [None, 0.25]}

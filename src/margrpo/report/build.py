@@ -24,6 +24,17 @@ HELDOUT_CURVE_KEYS = ["eval/geneval/overall", "eval/t2i/mean", "eval/partial"]
 SELECT_KEYS = ["select/topk_frac", "select/consistency_frac", "select/ess", "diag/uncertainty_mean"]
 
 
+def noise_line(evals: dict, methods: list[str], key: str = "eval/geneval/overall") -> str | None:
+    """Evaluation noise beside the seed spread: sigma_E is the sd of the one base model's
+    overall over the replicates' image seeds; the seed spread is each method's sd over its
+    trained seeds (which holds sigma_E too)."""
+    base = evals.get("base") or {}
+    if key not in base.get("std", {}) or base.get("replicates", 0) < 2:
+        return None
+    spreads = [f"{m} {evals[m]['std'][key]:.3f}" for m in methods if key in (evals.get(m) or {}).get("std", {})]
+    return (f"Evaluation noise of the GenEval overall: sigma_E = {base['std'][key]:.3f} (the base model over "
+            f"{base['replicates']} evaluation seeds); spread over trained seeds: " + (", ".join(spreads) or "–") + ".")
+
 def train_record_dir(reports: Path, method: str, seed) -> Path:
     """Per-seed training record (history.jsonl, selection_examples.pt) that the train stage
     writes under `reports`: small and in git, so the report needs no trained weights."""
@@ -78,15 +89,17 @@ def build(params, targets: list[str], methods: list[str], reports: Path,
 
     spread = f"mean ± std over {len(seeds)} replicate(s)"
     if per_prompt:
-        spread = (f"GenEval and T2I cells of targets with per-prompt scores (test and reused prompts): {INTERVAL_TEXT}; "
-                  f"other cells: {spread}")
+        spread = (f"GenEval and T2I cells of targets with per-prompt scores (test and unseen-tag prompts): "
+                  f"{INTERVAL_TEXT}; other cells: {spread}")
     scores = Section(
         "Test scores: base vs trained methods",
         [f"World test prompts (a split used by no training decision), {params.evaluate.images_per_prompt} images per "
-         f"prompt, final checkpoints; {spread} (train seeds {seeds}; for base, the same model with each replicate's "
-         "image seeds). eval/geneval/* are GenEval-rule per-tag accuracies, eval/t2i/* T2I-CompBench-style "
-         "per-category scores, eval/partial the dense requirement score."]
-        + ([line] if (line := prompt_counts_line(per_prompt)) else []),
+         f"prompt (at least {params.evaluate.images_per_tag} per GenEval tag), final checkpoints; {spread} (train "
+         f"seeds {seeds}; for base, the same model with each replicate's image seeds). eval/geneval/* are GenEval-rule "
+         "per-tag accuracies, eval/t2i/* T2I-CompBench-style per-category scores, eval/partial the dense requirement "
+         "score."]
+        + ([line] if (line := prompt_counts_line(per_prompt)) else [])
+        + ([line] if (line := noise_line(evals, methods)) else []),
         [scores_table(evals, per_prompt, targets)])
     if path := scores_figure(evals, figures / "heldout_scores.png"):
         scores.figures.append(Figure(path, "Held-out score per tag and category: trained methods (bars, ± std over "

@@ -93,7 +93,7 @@ def best_section(reports: Path, per_seed: dict, per_prompt: dict, methods: list[
             row += [fmt(*mean_std(list(scores.values()))[:2]) if scores else "–",
                     fmt(*mean_std(gains)[:2]) if gains else "–"]
         rows.append(row)
-    spread = (f"cells with per-prompt scores (test and reused prompts): {INTERVAL_TEXT}; others: mean ± std over "
+    spread = (f"cells with per-prompt scores (test and unseen-tag prompts): {INTERVAL_TEXT}; others: mean ± std over "
               "seeds of the per-replicate values and gains." if with_iv else "mean ± std over seeds.")
     return Section("Final and best checkpoints (test split)",
                    ["GenEval-style overall on the test prompts. best: the checkpoint with the highest held-out "
@@ -134,9 +134,15 @@ def prompt_counts_line(per_prompt: dict) -> str | None:
                                                                             if kv[0] in order else 0, kv[0])):
         groups = ", ".join(f"{g} {n}" for g, n in sorted(counts.items()) if g != "all")
         parts.append(f"{subset}: {counts.get('all', 0)} ({groups})")
-    return (f"Distinct prompts per subset (per GenEval tag and T2I category; {pp.get('images_per_prompt', '?')} images "
-            "per prompt and seed): " + "; ".join(parts) + ". The headline scores use test and reused; novel is "
-            "reported apart.")
+    images = pp.get("images") or []
+    held_out = sorted({r["tag"] for r in pp.get("prompts", []) if r.get("subset") == "unseen_tag" and r.get("tag")})
+    per = f"{pp.get('images_per_prompt', '?')} images per prompt and seed"
+    if images and max(images) > min(images):
+        per += f" ({min(images)}-{max(images)}: more for the GenEval tags with few prompts)"
+    return (f"Distinct prompts per subset (per GenEval tag and T2I category; {per}): " + "; ".join(parts)
+            + ". The headline scores use test (combinations no model trained on) and unseen_tag"
+            + (f" (tags held out from training, validation and pretraining: {', '.join(held_out)})" if held_out else "")
+            + "; novel is reported apart.")
 
 
 def headline(evals: dict, per_prompt: dict, targets: list[str], base: str = "base") -> dict:
