@@ -4,7 +4,7 @@ GenEval's rules give its true scene, the judge's verdict and the training reward
 the reward may not, and where it does not is what the judge is for. Also times the judge.
 
     .venv/bin/python benchmarks/judge.py [--grid docs/img/adversarial.png]
-    .venv/bin/python benchmarks/judge.py --families [--seed 0] [--grid families.png]
+    .venv/bin/python benchmarks/judge.py --families [--seed 0 1 2] [--grid families.png]
 
 --families: the near-miss families of world/families.py instead (>= 300 scenes, each with the
 true verdict of an independent rule): per family, the false-accept rate (judged correct
@@ -26,8 +26,8 @@ from margrpo.world.grammar import parse_prompt
 from margrpo.world.judge import WorldJudge
 
 
-def families(seed: int, grid: str | None) -> None:
-    set_ = family_cases(seed)
+def families(seeds: list[int], grid: str | None) -> None:
+    set_ = [c for seed in seeds for c in family_cases(seed)]
     images = torch.stack([c.image() for c in set_])
     metas = [parse_prompt(c.prompt) for c in set_]
     t0 = time.perf_counter()
@@ -37,16 +37,17 @@ def families(seed: int, grid: str | None) -> None:
     rj, rp = family_rates(set_, j), family_rates(set_, p)
 
     def cell(n: int, k: int) -> str:
-        return f"{k:3d}/{n:<3d} {100 * k / n:5.1f}%" if n else "      –     "
+        return f"{k}/{n} ({100 * k / n:.1f}%)" if n else "–"
 
-    print(f"{len(set_)} scenes (seed {seed}); rates over the scenes whose truth is not ambiguous")
-    print(f"{'family':14s} {'parameter':44s} {'judge: false acc':>17s} {'false rej':>13s} "
-          f"{'reward: false acc':>18s} {'false rej':>13s} {'ambig':>5s}")
+    print(f"{len(set_)} scenes (seeds {', '.join(map(str, seeds))}); rates over the scenes whose truth is not "
+          "ambiguous; judge {:.2f} ms per image\n".format(1000 * t_judge / len(set_)))
+    print("| family | parameter | judge: false accepts | judge: false rejects | reward: false accepts | "
+          "reward: false rejects | ambiguous |")
+    print("|---|---|---|---|---|---|---|")
     for f, (param, *_rest) in BANDS.items():
         a, b = rj[f], rp[f]
-        print(f"{f:14s} {param:44s} {cell(a['fails'], a['false_accepts']):>17s} {cell(a['passes'], a['false_rejects']):>13s} "
-              f"{cell(b['fails'], b['false_accepts']):>18s} {cell(b['passes'], b['false_rejects']):>13s} {a['ambiguous']:5d}")
-    print(f"judge {1000 * t_judge / len(set_):.2f} ms per image")
+        print(f"| {f} | {param} | {cell(a['fails'], a['false_accepts'])} | {cell(a['passes'], a['false_rejects'])} | "
+              f"{cell(b['fails'], b['false_accepts'])} | {cell(b['passes'], b['false_rejects'])} | {a['ambiguous']} |")
     if grid:
         labels = [f"{c.family} {c.value:g}: truth {c.truth} judge {int(j[i])} reward {int(p[i])}"
                   for i, c in enumerate(set_)]
@@ -58,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default=None, help="also write the images with their verdicts to this PNG")
     ap.add_argument("--families", action="store_true", help="the near-miss families (world/families.py)")
-    ap.add_argument("--seed", type=int, default=0, help="with --families: the scenes' seed")
+    ap.add_argument("--seed", type=int, nargs="+", default=[0], help="with --families: the scenes' seeds (pooled)")
     args = ap.parse_args()
     if args.families:
         families(args.seed, args.grid)

@@ -15,16 +15,18 @@ For images [B, 3, H, W] in [0, 1]:
 2. Shape: every family is fitted to the mask over a sub-pixel grid of centres and scales
    (started from the mask's box, which for every world shape is the shape's box; an object
    cut by the image edge is started from its uncut side and fitted against the visible part
-   only), scored by intersection over union of pixel masks. The best family names the
-   object when its IoU is at least `fit_iou` and beats the runner-up by `margin`;
-   otherwise the object is "other": it exists (it can break a count or an exclusion) but is
-   none of the world's shapes.
-3. Touching objects: a component no family fits is split by colour, then at its narrowest
-   point (erosion), and kept split when every part fits a family.
-4. Colour: every interior pixel votes for the palette colour (or its stripe shade) whose
-   direction of (1 - rgb) lies within 15 degrees of its own; the object has colour c only
-   when c's votes are at least `color_share` of its pixels (a 60 / 40 two-colour object is
-   "mixed") and the mean colour of its light pixels keeps c's CIELAB hue angle (within
+   only), scored by intersection over union of pixel masks. The best few families are then
+   refined on the object's soft cover (world/shapefit.py); the best names the object when
+   its soft IoU is at least `fit_iou`, it beats the runner-up by `margin`, no compact piece
+   is missing or added (`max_defect`) and it is not stretched (`max_stretch`); otherwise the
+   object is "other": it exists (it can break a count or an exclusion) but is none of the
+   world's shapes.
+3. Touching objects: a component no family names is split by colour, then at its narrowest
+   point (erosion), and kept split when every part is named.
+4. Colour: the light interior pixels vote for the palette colour whose direction of
+   (1 - rgb) lies within 15 degrees of their own, the dark ones back the winner c when they
+   lie within its stripe shade's window; the object has colour c only when c's backing is at
+   least `color_share` of its pixels (a 60 / 40 two-colour object is "mixed") and the mean colour of its light pixels keeps c's CIELAB hue angle (within
    6-22 degrees, set from CIELAB distances, world/perceptual.py) and most of its chroma;
    colours off the palette are "other". Texture: striped when the rows alternate
    between the colour and its dark shade at least twice. Size: the fitted box against the
@@ -65,14 +67,14 @@ _FULL = np.linalg.norm(np.concatenate([1.0 - COLOR_TABLE, 1.0 - STRIPE_DARKNESS 
 # Fit grids, coarse then fine: centre offsets (px) x scale factors of the half-side r. A pixel
 # mask's IoU is a rough function of sub-pixel parameters, so the coarse grid is dense (a
 # sparse coarse-to-fine search stalls: measured on off-grid renders).
-_GRIDS = [[(dx, dy, 1 + ds) for dx in (-1, -0.5, 0, 0.5, 1) for dy in (-1, -0.5, 0, 0.5, 1)
-           for ds in (-0.1, -0.05, 0, 0.05, 0.1)],
+_GRIDS = [[(dx, dy, 1 + ds) for dx in (-0.5, 0, 0.5) for dy in (-0.5, 0, 0.5) for ds in (-0.1, -0.05, 0, 0.05)],
           [(dx, dy, 1 + ds) for dx in (-0.25, 0, 0.25) for dy in (-0.25, 0, 0.25) for ds in (-0.025, 0, 0.025)]]
 # Cover below this share reads as 0, above 1 - it as 1, in the object and its templates alike
 # (shapefit.fit_soft): sampling noise reads as ~0.1 of cover on the white around an object.
 NOISE_FLOOR = 0.15
-# Families refined on the soft mask after the binary fit (the best few by binary IoU).
-CANDIDATES = 3
+# Families refined on the soft mask after the binary fit: the best CANDIDATES by binary IoU,
+# past the second only those within CLOSE of the best.
+CANDIDATES, CLOSE = 3, 0.12
 # Side (px) of the window an object is fitted on: a large world object (13 px at 32 px) with
 # blur, the grids' reach and a 10% larger scale fits in it; a bigger blob fits no family.
 WINDOW = 20
@@ -184,7 +186,10 @@ class WorldJudge:
         if exclude is not None:
             support &= ~exclude
         cover = self._cover(ink, dev, mask, support, level)
-        refined = fit_soft(cover, mask, [(s, p) for s, _, p in fit[:CANDIDATES]], floor=NOISE_FLOOR)
+        # The runner-up always (the lead is measured against it), a third family only when its
+        # binary IoU is close to the best's (a small anti-aliased cross can rank third).
+        near = [(s, p) for i, (s, iou, p) in enumerate(fit[:CANDIDATES]) if i < 2 or iou >= fit[0][1] - CLOSE]
+        refined = fit_soft(cover, mask, near, floor=NOISE_FLOOR)
         best, runner_up = refined[0], refined[1]
         if (best.iou >= self.fit_iou and best.iou - runner_up.iou >= self.margin
                 and best.defect <= self.max_defect and best.stretch <= self.max_stretch):

@@ -128,6 +128,7 @@ def fit_soft(soft: np.ndarray, mask: np.ndarray, candidates: list[tuple[int, tup
             added = ndimage.uniform_filter(np.clip(m - best, 0, None), 3, mode="constant") * 9
             defect = float(max(missing.max(), added.max()))
             (mx, my), (tx, ty) = _spread(m), _spread(best)
-            stretch = float(abs(np.log((mx / max(my, 1e-6)) / max(tx / max(ty, 1e-6), 1e-6))))
+            eps = 1e-6   # a one-pixel-wide sliver has no x spread: an infinite stretch, never a shape
+            stretch = float(abs(np.log(max(mx, eps) / max(my, eps)) - np.log(max(tx, eps) / max(ty, eps))))
         out.append(SoftFit(family, iou, defect, stretch, params))
     return out
