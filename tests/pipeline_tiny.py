@@ -37,7 +37,8 @@ TINY = {
     "sampling": {"num_ar_steps": 2, "head_steps": 3},
     "train": {"seeds": [0, 1], "steps": 3, "prompts_per_step": 2, "group_size": 2, "loss_ar_steps": 1,
               "loss_head_steps": 2, "loss_head_window": 3, "checkpoint_every": 1, "grad_probe_every": 2},
-    "evaluate": {"images_per_prompt": 2, "batch_size": 32, "grid_prompts": 3},
+    # images_per_tag 4: a tag's one test prompt gets two rows of 2 images (the allocation runs).
+    "evaluate": {"images_per_prompt": 2, "images_per_tag": 4, "batch_size": 32, "grid_prompts": 3},
 }
 
 

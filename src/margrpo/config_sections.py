@@ -92,11 +92,11 @@ ADAPTER_KEYS = ("weights", "image_size", "gradient_checkpointing", "transformer_
 
 
 class PretrainConfig(Strict):
-    steps: int = Field(6000, ge=1, description="optimiser steps")
+    steps: int = Field(4000, ge=1, description="optimiser steps")
     batch_size: int = Field(64, ge=1, description="images per step")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate after the warm-up")
     warmup_steps: int = Field(300, ge=1, description="linear LR warm-up steps")
-    decay_steps: int = Field(1200, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
+    decay_steps: int = Field(800, ge=0, description="linear LR decay to 0 over the last steps; 0 = none")
     weight_decay: float = Field(0.02, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip")
     ema_decay: float = Field(0.999, ge=0, lt=1, description="decay of the weights' moving average, which is "
@@ -151,7 +151,7 @@ def finite(value: Any) -> bool:
 
 class EvaluateConfig(Strict):
     images_per_prompt: int = Field(2, ge=1, description="images per test prompt and seed (the least any prompt gets)")
-    images_per_tag: int = Field(0, ge=0, description="at least this many images per GenEval tag and seed on the "
+    images_per_tag: int = Field(320, ge=0, description="at least this many images per GenEval tag and seed on the "
                                 "headline test prompts: a tag with few prompts samples more of each (whole multiples "
                                 "of images_per_prompt; world/generate.py allocate_images); 0: images_per_prompt each")
     seed: int = Field(1234, description="seed of the per-image seeds, the same for every target")
