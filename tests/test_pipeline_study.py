@@ -73,7 +73,7 @@ def test_repro_runs_every_stage_once_and_records_the_study(study):
 
     md = (root / "reports/report.md").read_text()
     headings = re.findall(r"^## (.+)$", md, re.M)
-    assert headings[0] == "Summary" and {"Test scores: base vs trained methods", "Training curves",
+    assert headings[:3] == ["At a glance", "Claims", "Summary"] and {"Test scores: base vs trained methods", "Training curves",
                                          "Final and best checkpoints (test split)", "Learning checks"} <= set(headings)
     assert "| 6 | Scoring only committed tokens" in md  # grpo_frozen vs grpo_frozen_spec
     assert re.search(r"^\*git [0-9a-f]{10} · .+ · experiment workspace · params [0-9a-f]{8}", md, re.M)
