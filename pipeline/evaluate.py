@@ -21,6 +21,7 @@ this flow; each replicate's sampling and scoring is shared over them
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -37,7 +38,7 @@ def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc
 
     from margrpo.models.loading import load_model
     from margrpo.study import sample_and_score
-    from margrpo.world.generate import (allocate_images, fold_rows, grid_prompt_indices, image_grid, image_seeds,
+    from margrpo.world.generate import (expand_prompts, fold_rows, grid_prompt_indices, image_grid, image_seeds,
                                         per_prompt, summarize)
     from margrpo.world.judge import JudgedEvaluator
 
@@ -45,9 +46,8 @@ def replicate_scores(params, model_path, metas: list[dict], replicate: int, desc
     e = params.evaluate
     k = e.images_per_prompt
     # A prompt with more images (evaluate.images_per_tag) is sampled as several rows of k.
-    repeats = [n // k for n in allocate_images(metas, k, e.images_per_tag)]
-    first = [sum(repeats[:i]) for i in range(len(metas))]          # each prompt's first row
-    rows_meta = [m for m, r in zip(metas, repeats) for _ in range(r)]
+    rows_meta, repeats = expand_prompts(metas, k, e.images_per_tag)
+    first = [0, *itertools.accumulate(repeats)]                      # each prompt's first row
     seeds = image_seeds(e.seed, replicate, len(rows_meta), k)
     shown = grid_prompt_indices(metas, e.grid_prompts) if grid else []
     keep = [first[p] * k + j for p in shown for j in range(k)]
@@ -120,12 +120,13 @@ def evaluate(target: str) -> None:
     if study is not None:
         from margrpo.world.generate import allocate_images
 
-        images = sum(allocate_images(metas, params.evaluate.images_per_prompt, params.evaluate.images_per_tag)) * sampled
-        publish(study, run_id, target, params, metas, per_seed, per_seed_best, prompts, grid, images, time.time() - t0)
+        allocation = allocate_images(metas, params.evaluate.images_per_prompt, params.evaluate.images_per_tag)
+        publish(study, run_id, target, params, metas, per_seed, per_seed_best, prompts, grid, allocation,
+                sum(allocation) * sampled, time.time() - t0)
 
 
 def publish(study, run_id: str, target: str, params, metas: list[dict], per_seed: dict, per_seed_best: dict,
-            prompts: dict, grid, images: int, seconds: float) -> None:
+            prompts: dict, grid, allocation: list[int], images: int, seconds: float) -> None:
     """Rank 0: the target's files under reports/eval/<target>/ and its MLflow run."""
     from margrpo.stats import aggregate
 
@@ -142,10 +143,7 @@ def publish(study, run_id: str, target: str, params, metas: list[dict], per_seed
     common.write_text(scores_csv(agg["mean"]), out / "scores.csv")
     common.write_json({str(k): v for k, v in per_seed.items()}, out / "per_seed.json")
     common.write_json({str(k): v for k, v in per_seed_best.items()}, out / "per_seed_best.json")
-    from margrpo.world.generate import allocate_images
-
-    common.write_json({"images_per_prompt": params.evaluate.images_per_prompt,
-                       "images": allocate_images(metas, params.evaluate.images_per_prompt, params.evaluate.images_per_tag),
+    common.write_json({"images_per_prompt": params.evaluate.images_per_prompt, "images": allocation,
                        "prompts": prompt_rows(metas), **prompts}, out / "per_prompt.json")
     common.write_json(metrics, out / "metrics.json")
     # 4 decimals (far below the replicate noise): readable in the runs table's columns

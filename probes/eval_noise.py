@@ -21,7 +21,7 @@ from margrpo.jsonl import read_jsonl
 from margrpo.models.loading import load_model
 from margrpo.stats import mean_std
 from margrpo.study import sample_and_score
-from margrpo.world.generate import allocate_images, image_seeds, summarize
+from margrpo.world.generate import expand_prompts, image_seeds, summarize
 from margrpo.world.grammar import GENEVAL_TAGS
 from margrpo.world.judge import JudgedEvaluator
 
@@ -39,8 +39,7 @@ def main() -> None:
     per_tag = e.images_per_tag if args.images_per_tag is None else args.images_per_tag
     metas = read_jsonl("prompts/world_test.jsonl")
     k = e.images_per_prompt
-    repeats = [n // k for n in allocate_images(metas, k, per_tag)]
-    rows = [m for m, r in zip(metas, repeats) for _ in range(r)]
+    rows, _ = expand_prompts(metas, k, per_tag)
     model = load_model(args.model or params.model.checkpoint, params)
     judge = JudgedEvaluator(params.world.image_size)
     keys = ["eval/geneval/overall"] + [f"eval/geneval/{t}" for t in GENEVAL_TAGS]

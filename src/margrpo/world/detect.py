@@ -153,7 +153,6 @@ class WorldDetector:
         return COLOR_NAMES[c], color_p, texture, float(max(p_striped, 1 - p_striped))
 
 
-
 def _box_ious(m: np.ndarray) -> np.ndarray:
     """IoU [S] of a boxed mask [h, w] with every world shape whose box is the mask's box
     (height 2r = h, centred; a shape narrower than tall keeps its own width), the better of

@@ -36,6 +36,14 @@ def allocate_images(metas: Sequence[dict], per_prompt: int, per_tag: int) -> lis
     return out
 
 
+def expand_prompts(metas: Sequence[dict], per_prompt: int, per_tag: int) -> tuple[list[dict], list[int]]:
+    """(rows, repeats): the prompts with each repeated allocate_images(...) / per_prompt times,
+    consecutively, so that sampling per_prompt images per row gives every prompt its share;
+    fold_rows(values, repeats) takes per-row scores back to per-prompt ones."""
+    repeats = [n // per_prompt for n in allocate_images(metas, per_prompt, per_tag)]
+    return [m for m, r in zip(metas, repeats) for _ in range(r)], repeats
+
+
 def image_seeds(base_seed: int, replicate: int, n_prompts: int, per_prompt: int) -> torch.Tensor:
     """Per-image seeds [n_prompts, per_prompt] for one evaluation replicate."""
     gen = torch.Generator().manual_seed(base_seed * 1_000_003 + replicate)

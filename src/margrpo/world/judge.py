@@ -80,6 +80,14 @@ CANDIDATES, CLOSE = 3, 0.12
 WINDOW = 20
 
 
+def _palette_match(v: np.ndarray) -> np.ndarray:
+    """v: [P, 3] ink (1 - rgb) -> [P] index into _DIRS (the C palette colours, then their
+    dark shades) of each pixel's nearest direction, -1 where none lies within 15 degrees."""
+    cos = (v / (np.linalg.norm(v, axis=1, keepdims=True) + 1e-9)) @ _DIRS.T   # [P, 2C]
+    k = cos.argmax(1)
+    return np.where(cos[np.arange(len(k)), k] >= _COS_MATCH, k, -1)
+
+
 def _quantile(values: np.ndarray, q: float) -> float:
     """The q-quantile of a few hundred values, nearest rank (np.percentile's overhead is ~10x
     the work at this size)."""
@@ -168,10 +176,8 @@ class WorldJudge:
         the object's own opacity (the 90th percentile of that ratio on its mask: 1 for a
         world object, 0.3 for a faint one); 0 off the support."""
         ys, xs = np.nonzero(support)
-        v = ink[:, ys, xs].T
-        cos = (v / (np.linalg.norm(v, axis=1, keepdims=True) + 1e-9)) @ _DIRS.T   # [P, 2C]
-        k = cos.argmax(1)
-        full = np.where(cos[np.arange(len(k)), k] >= _COS_MATCH, _FULL[k], level)
+        k = _palette_match(ink[:, ys, xs].T)
+        full = np.where(k >= 0, _FULL[k], level)
         ratio = np.zeros(dev.shape)
         ratio[ys, xs] = dev[ys, xs] / np.maximum(full, 1e-6)
         return np.clip(ratio / max(_quantile(ratio[mask], 0.9), 1e-6), 0.0, 1.0)
@@ -289,11 +295,9 @@ class WorldJudge:
 
     def _pixel_colours(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """v: [P, 3] ink (1 - rgb) -> (colour index per pixel or -1 off the palette, dark shade?)."""
-        cos = (v / (np.linalg.norm(v, axis=1, keepdims=True) + 1e-9)) @ _DIRS.T   # [P, 2C]
-        k = cos.argmax(1)
-        ok = cos[np.arange(len(k)), k] >= _COS_MATCH
+        k = _palette_match(v)
         nc = len(COLOR_NAMES)
-        return np.where(ok, k % nc, -1), ok & (k >= nc)
+        return np.where(k >= 0, k % nc, -1), k >= nc
 
     def _describe(self, mask, fit: SoftFit | None, ink, dev, level) -> Detection:
         ys, xs = np.nonzero(mask)

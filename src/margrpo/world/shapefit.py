@@ -79,8 +79,8 @@ def _centroid(a: np.ndarray) -> tuple[float, float]:
 def _spread(a: np.ndarray) -> tuple[float, float]:
     """(x, y) standard deviations of a non-negative [h, w] mass."""
     total = a.sum() + 1e-9
+    my, mx = _centroid(a)
     y, x = np.indices(a.shape)
-    my, mx = (a * y).sum() / total, (a * x).sum() / total
     return (float(np.sqrt((a * (x - mx) ** 2).sum() / total)), float(np.sqrt((a * (y - my) ** 2).sum() / total)))
 
 
