@@ -74,7 +74,7 @@ def test_replay_from_recorded_seeds(kind):
 def test_first_pass_ratio_is_one_and_frozen_head_gets_no_gradient(kind):
     tr = make_trainer(kind)
     metas, groups = tr.sample_batch()
-    ar, heads = tr.plan_steps()
+    ar, heads, _ = tr.plan_steps()
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
     plans = plan_tokens(tr.scorer(ro), ro, ar, heads, tr.method)

@@ -303,7 +303,7 @@ def test_a_shard_draws_the_same_chains_for_its_images():
     multi-trajectory chains that one process draws for them in the whole batch."""
     tr = make_trainer(**{"methods.mar_grpo.estimator": "posterior", "num_trajectories": 3})
     metas, _ = tr.sample_batch()
-    ar, heads = tr.plan_steps()
+    ar, heads, _ = tr.plan_steps()
     spec = speculative_steps_needed(tr.method, ar)
     prompts, seeds = [m["prompt"] for m in metas], torch.arange(len(metas)) * 7919 + 3
     def plan(prompts, seeds, draw=0):

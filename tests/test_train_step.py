@@ -86,7 +86,7 @@ def test_the_rollouts_extra_chains_are_the_uncertainty_chains_the_plan_would_dra
     selects the same tokens and reuses the same chains as a plan that draws them itself."""
     tr = make_trainer(**PAPER)
     metas, _ = tr.sample_batch()
-    ar, heads = tr.plan_steps()
+    ar, heads, _ = tr.plan_steps()
     m, steps = uncertainty_chains_needed(tr.method, ar)
     assert m == tr.method.num_trajectories > 1 and steps == ar
     prompts, seeds = [x["prompt"] for x in metas], torch.arange(len(metas)) * 7919

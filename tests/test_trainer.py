@@ -35,7 +35,7 @@ def make_trainer(method="mar_grpo", seed=0, **over):
 def test_first_pass_ratio_is_one_and_gradient_flows(estimator):
     tr = make_trainer(**{"methods.mar_grpo.estimator": estimator})
     metas, groups = tr.sample_batch()
-    ar, heads = tr.plan_steps()
+    ar, heads, _ = tr.plan_steps()
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
     adv = torch.randn(len(metas))
@@ -182,7 +182,7 @@ def test_mte_scope_limits_the_multi_trajectory_tokens(scope):
     tr = make_trainer(**{"methods.mar_grpo.mte_scope": scope, "methods.mar_grpo.token_scope": "committed+speculative",
                          "methods.mar_grpo.topk_pool": "ar_step", "k": 0.5})
     metas, _ = tr.sample_batch()
-    ar, heads = tr.plan_steps()
+    ar, heads, _ = tr.plan_steps()
     ro = tr.policy.rollout([m["prompt"] for m in metas], generator=torch.Generator().manual_seed(0),
                            speculative_steps=speculative_steps_needed(tr.method, ar))
     plans = plan_tokens(tr.scorer(ro), ro, ar, heads, tr.method)
@@ -203,7 +203,7 @@ def test_loss_head_window_keeps_loss_steps_among_the_noisiest():
     tr = make_trainer(**{"sampling.head_steps": 8, "train.loss_head_window": window, "train.loss_head_steps": 3})
     seen = set()
     for _ in range(20):
-        ar, heads = tr.plan_steps()
+        ar, heads, _ = tr.plan_steps()
         for h in heads:
             assert len(h) == 3 and len(set(h.tolist())) == 3
             seen.update(h.tolist())

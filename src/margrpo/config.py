@@ -45,6 +45,10 @@ __all__ = ["Params", "ParamsError", "load_params", "parse_params", "parse_overri
 # Allowed values of the enumerated keys; modules that branch on them import these.
 LR_SCHEDULES = ("constant", "cosine", "linear")
 ESTIMATORS = ("single", "resample", "elbo", "posterior")
+SDE_WINDOW_MODES = ("fixed", "random", "sliding")
+# Estimators whose chains run the forward process from the committed token through every
+# head transition (their weights need each transition's density): no SDE window.
+WHOLE_CHAIN_ESTIMATORS = ("elbo", "posterior")
 CONSISTENCY_RULES = ("paper", "code")
 TOKEN_SCOPES = ("committed", "committed+speculative")
 TOPK_POOLS = ("image", "ar_step")
@@ -102,6 +106,8 @@ class MethodConfig(Strict):
                                       "method's steps (default: train.warmup_steps steps)")
     grad_probe_every: int | None = Field(None, ge=0, description="this method's gradient-probe interval in "
                                          "steps (default: train.grad_probe_every); 0 = off")
+    sde_window: int | None = Field(None, ge=0, description="this method's SDE window (default: train.sde_window); "
+                                   "0 = every head transition stochastic")
     paired_base: bool = Field(
         False, description="also roll out the base model (the KL reference) on each step's prompts and image "
         "seeds and log its reward (reward/base_mean, reward/vs_base): the control variate of the training-reward test")
@@ -197,6 +203,15 @@ class TrainConfig(Strict):
     loss_head_steps: int = Field(8, ge=1, description="random head steps per AR step in the loss")
     loss_head_window: int = Field(8, ge=0, description="draw the loss head steps from the first N (noisiest) "
                                   "transitions of each chain; 0 = from all of them")
+    sde_window: int = Field(0, ge=0, description="stochastic head transitions per token in training rollouts, "
+                            "a window inside the loss_head_window noisiest; the others are deterministic (ODE) and "
+                            "the loss scores the window's transitions only (loss_head_steps unused); 0 = all stochastic, "
+                            "the paper's SDE chain")
+    sde_window_mode: Literal[SDE_WINDOW_MODES] = Field("random", description="where the window sits each step: "
+                                                       "fixed (at sde_window_start), random (uniform over the eligible "
+                                                       "transitions) or sliding (from the noisiest to the last eligible "
+                                                       "over the run)")
+    sde_window_start: int = Field(0, ge=0, description="fixed mode: the window's first head transition")
     eval_every: int = Field(10, ge=0, description="held-out evaluation every N training steps (also at step 0 "
                             "and the last step; the best-scoring weights are kept); 0 = only at 0 and the end")
     eval_images_per_prompt: int = Field(4, ge=1, description="images per held-out prompt in the in-training evaluation")
@@ -252,6 +267,20 @@ class Params(Knobs):
             raise problem("train.loss_head_window", f"{window} is outside [train.loss_head_steps="
                            f"{t.loss_head_steps}, sampling.head_steps={s.head_steps}]",
                            "choose a window in that range, or 0 for all steps")
+        span = window or s.head_steps
+        if t.sde_window_mode == "fixed" and t.sde_window and t.sde_window_start + t.sde_window > span:
+            raise problem("train.sde_window_start", f"a window of {t.sde_window} from transition {t.sde_window_start} "
+                          f"ends past the {span} eligible transitions (train.loss_head_window)",
+                          f"start it at most at {span - t.sde_window}")
+        for name, m in self.methods.items():
+            w = t.sde_window if m.sde_window is None else m.sde_window
+            key = "train.sde_window" if m.sde_window is None else f"methods.{name}.sde_window"
+            if w > span:
+                raise problem(key, f"{w} exceeds the {span} eligible head transitions (train.loss_head_window, "
+                              "else sampling.head_steps)", f"use at most {span}, or 0 for all")
+            if w and m.estimator in WHOLE_CHAIN_ESTIMATORS:
+                raise problem(key, f"method {name} uses the {m.estimator} estimator, whose chains need every head "
+                              f"transition stochastic", f"set methods.{name}.sde_window: 0")
         if len(set(t.seeds)) != len(t.seeds):
             raise problem("train.seeds", f"{t.seeds} repeats a seed", "list each seed once (one trained model each)")
         total = sum(r.weight for r in self.rewards)
@@ -288,7 +317,8 @@ class Params(Knobs):
                   "lr": t.lr if m.lr is None else m.lr,
                   "lr_schedule": m.lr_schedule or t.lr_schedule,
                   "warmup_steps": t.warmup_steps if m.warmup_frac is None else round(m.warmup_frac * steps),
-                  "grad_probe_every": t.grad_probe_every if m.grad_probe_every is None else m.grad_probe_every}
+                  "grad_probe_every": t.grad_probe_every if m.grad_probe_every is None else m.grad_probe_every,
+                  "sde_window": t.sde_window if m.sde_window is None else m.sde_window}
         return self.train if all(getattr(t, k) == v for k, v in update.items()) else t.model_copy(update=update)
 
     def method(self, name: str) -> "ResolvedMethod":

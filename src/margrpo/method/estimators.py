@@ -27,8 +27,10 @@ network (tests/test_estimators.py) and on any MARPolicy (`policy_callables`):
 - logp_fn(states [T+1, M, R, D], rows [R], steps=None) -> [T, M, R] (or [S, M, R] at the
   head steps `steps`): per-transition log-probs under the policy of the given chains for the
   tokens `rows`. `steps` is only passed when the caller asks for it (`logp_steps`).
-- sample_fn(noise [T+1, M, R, D], rows [R]) -> states [T+1, M, R, D]: chains drawn by the
-  policy from initial noise noise[0] and step noises noise[1:] (needed by `resample` only).
+- sample_fn(noise [T+1, M, R, D], rows [R], branch_from [T+1, R, D]) -> states
+  [T+1, M, R, D]: chains drawn by the policy from initial noise noise[0] and step noises
+  noise[1:] (needed by `resample` only); under an SDE window they share the rows' rollout
+  chain `branch_from` up to the window and branch there (models/chains.py sample_chains).
 rows is a flat index into the B * n tokens of the AR step (row-major over [B, n]).
 
 The random draws enter through a third callable, `ChainNoise`: noise(num_states, M, rows, D)
@@ -56,7 +58,7 @@ from margrpo.models.chains import ChainScorer
 from margrpo.models.samplers import LOG_2PI, GaussianSampler
 
 LogProbFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-SampleFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+SampleFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ChainNoise = Callable[[int, int, torch.Tensor, int], torch.Tensor]
 # Streams of the estimators' own chains (the uncertainty map's are noise.UNCERTAINTY).
 ESTIMATOR_STREAMS = {"resample": RESAMPLE, "elbo": FORWARD, "posterior": FORWARD}
@@ -193,7 +195,7 @@ def draw_chains(
         elif estimator == "resample":
             if sample_fn is None:
                 raise ValueError("the resample estimator needs sample_fn")
-            states = sample_fn(noise(t_steps + 1, m, rows, d), rows)
+            states = sample_fn(noise(t_steps + 1, m, rows, d), rows, x_rows)
         else:
             states = sampler.q_chain(x_rows[-1].unsqueeze(0).expand(m, r, d), noise(t_steps, m, rows, d))
         if states_logp is not None:
@@ -241,9 +243,9 @@ def policy_callables(
         lp, _, _ = scorer.log_probs(rows_of(z_c, rows), rows_of(z_u, rows), states, steps)
         return lp
 
-    def sample_fn(noise: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def sample_fn(noise: torch.Tensor, rows: torch.Tensor, branch_from: torch.Tensor | None = None) -> torch.Tensor:
         zs_c, zs_u = z_sample if z_sample is not None else latents()
-        states, _ = scorer.sample(rows_of(zs_c, rows), rows_of(zs_u, rows), noise)
+        states, _ = scorer.sample(rows_of(zs_c, rows), rows_of(zs_u, rows), noise, branch_from)
         return states
 
     return logp_fn, sample_fn

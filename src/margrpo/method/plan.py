@@ -215,10 +215,14 @@ def _uncertainty_chains(scorer: ChainScorer, rollout: Rollout, plan: TokenPlan, 
     if not rows.numel() or m < 2:
         return _Chains(None, None, src)
     policy = scorer.policy
+    t1 = policy.sampler.num_steps + 1
     eps = image_noise(rollout.seeds, plan.index, plan.positions, UNCERTAINTY, draw)(
-        policy.sampler.num_steps + 1, m, rows, policy.token_dim)  # [T+1, M, R, D]
+        t1, m, rows, policy.token_dim)  # [T+1, M, R, D]
     zc, zu = latents()
-    states, logps = scorer.sample(zc.reshape(b * n, -1)[rows], zu.reshape(b * n, -1)[rows], eps)
+    own = None  # the candidates' rollout chains, where chains under an SDE window branch from them
+    if scorer.sde_steps is not None:
+        own = torch.cat([blk.chain for blk in plan.blocks], dim=2).reshape(t1, b * n, -1)[:, rows]
+    states, logps = scorer.sample(zc.reshape(b * n, -1)[rows], zu.reshape(b * n, -1)[rows], eps, own)
     return _Chains(states, logps, src)
 
 

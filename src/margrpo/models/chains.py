@@ -95,23 +95,47 @@ def shared_guided_output(
     return g.reshape(k, *rows, g.shape[-1]), cond
 
 
+def stochastic_steps(sde_steps: Sequence[int] | None, num_steps: int) -> list[bool]:
+    """Per head transition, whether it is drawn stochastically: all of them when sde_steps
+    is None (the SDE chain), else only those listed (the SDE window; the rest take the
+    sampler's deterministic step)."""
+    if sde_steps is None:
+        return [True] * num_steps
+    window = set(sde_steps)
+    return [j in window for j in range(num_steps)]
+
+
+def branch_point(sde_steps: Sequence[int] | None) -> int | None:
+    """The first stochastic transition of a windowed chain (None without a window). Chains
+    drawn from one token's latents under the same window agree on every state up to it: the
+    prefix is the deterministic image of the shared initial state, so extra chains copy it
+    from the rollout chain and branch there."""
+    return None if sde_steps is None else min(sde_steps)
+
+
 def sample_chain(
     policy: MARPolicy,
     z_c: torch.Tensor,
     z_u: torch.Tensor,
     noise: torch.Tensor,
     cfg_scale: float,
+    sde_steps: Sequence[int] | None = None,
+    cfg_mode: str = "guided",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the head from noise[0] with step noises noise[1..T] (all [*rows, D]).
+    """Run the head from noise[0] with step noises noise[1..T] (all [*rows, D]); transitions
+    outside `sde_steps` (None: none) are deterministic and ignore their noise. cfg_mode
+    matters only under autograd (guided_output): "guided_full" differentiates through the
+    null branch too, as a pathwise gradient must.
 
-    Returns chain [T+1, *rows, D], mean [T, *rows, D], std [T, *rows], logp [T, *rows].
+    Returns chain [T+1, *rows, D], mean [T, *rows, D], std [T, *rows], logp [T, *rows]
+    (std and logp 0 at deterministic transitions).
     """
     sampler = policy.sampler
     x = noise[0]
     chain, means, stds, logps = [x], [], [], []
-    for j in range(sampler.num_steps):
-        out = guided_output(policy, x, j, z_c, z_u, cfg_scale)
-        x, mean, std, lp = sampler.step(x, j, out, noise[j + 1])
+    for j, sde in enumerate(stochastic_steps(sde_steps, sampler.num_steps)):
+        out = guided_output(policy, x, j, z_c, z_u, cfg_scale, cfg_mode)
+        x, mean, std, lp = sampler.step(x, j, out, noise[j + 1], sde)
         chain.append(x)
         means.append(mean)
         stds.append(std)
@@ -125,16 +149,32 @@ def sample_chains(
     z_u: torch.Tensor,
     noise: torch.Tensor,
     cfg_scale: float,
+    sde_steps: Sequence[int] | None = None,
+    branch_from: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K chains per row from the rows' shared latents z_c, z_u [*rows, C]: noise
     [T+1, K, *rows, D] -> (chain [T+1, K, *rows, D], logp [T, K, *rows]), one head call per
-    step for all K (shared_guided_output). Chain k equals sample_chain from noise[:, k]."""
+    step for all K (shared_guided_output). Chain k equals sample_chain from noise[:, k].
+
+    With an SDE window (sde_steps), the K chains branch from `branch_from` [T+1, *rows, D]
+    (the rollout chain of the same rows): they copy its states up to the window's first
+    transition (branch_point) and draw from there, so no head call is spent on the shared
+    deterministic prefix; logp is 0 on the prefix."""
     sampler = policy.sampler
-    x = noise[0]
-    chain, logps = [x], []
-    for j in range(sampler.num_steps):
+    k, t = noise.shape[1], sampler.num_steps
+    sde = stochastic_steps(sde_steps, t)
+    start = branch_point(sde_steps) or 0
+    if start:
+        if branch_from is None:
+            raise ValueError("chains under an SDE window branch from the rollout chain: pass branch_from")
+        chain = [branch_from[j].unsqueeze(0).expand(k, *branch_from.shape[1:]) for j in range(start + 1)]
+    else:
+        chain = [noise[0]]
+    x = chain[-1]
+    logps = [torch.zeros(noise.shape[1:-1], device=noise.device)] * start
+    for j in range(start, t):
         out, _ = shared_guided_output(policy, x, j, z_c, z_u, cfg_scale)
-        x, _, _, lp = sampler.step(x, j, out, noise[j + 1])
+        x, _, _, lp = sampler.step(x, j, out, noise[j + 1], sde[j])
         chain.append(x)
         logps.append(lp)
     return torch.stack(chain), torch.stack(logps)
@@ -147,23 +187,36 @@ def sample_chain_with_extras(
     noise: torch.Tensor,
     extra_noise: torch.Tensor,
     cfg_scale: float,
+    sde_steps: Sequence[int] | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, torch.Tensor]]:
     """sample_chain from noise [T+1, *rows, D] (bit for bit) and, from the same latents,
     K more chains (extra_noise [T+1, K, *rows, D]) that share its head conditioning at
-    every step. Returns (sample_chain's four tensors, (chain [T+1, K, *rows, D],
-    logp [T, K, *rows]))."""
+    every step; under an SDE window they share its states up to the window's first
+    transition and branch there (sample_chains). Returns (sample_chain's four tensors,
+    (chain [T+1, K, *rows, D], logp [T, K, *rows]))."""
     sampler = policy.sampler
-    x, xs = noise[0], extra_noise[0]
-    chain, means, stds, logps, extra, extra_logps = [x], [], [], [], [xs], []
+    k = extra_noise.shape[1]
+    sde = stochastic_steps(sde_steps, sampler.num_steps)
+    start = branch_point(sde_steps) or 0
+    x = noise[0]
+    chain, means, stds, logps, extra_logps = [x], [], [], [], []
+    zero = torch.zeros(extra_noise.shape[1:-1], device=extra_noise.device)
+    xs, extra = (None, []) if start else (extra_noise[0], [extra_noise[0]])
     for j in range(sampler.num_steps):
+        if xs is None and j == start:  # branch: the extra chains copy states 0..start
+            extra = [c.unsqueeze(0).expand(k, *c.shape) for c in chain]
+            xs = extra[-1]
         out, cond = shared_guided_output(policy, x.unsqueeze(0), j, z_c, z_u, cfg_scale)
-        out_extra, _ = shared_guided_output(policy, xs, j, z_c, z_u, cfg_scale, cond=cond)
-        x, mean, std, lp = sampler.step(x, j, out[0], noise[j + 1])
-        xs, _, _, lp_extra = sampler.step(xs, j, out_extra, extra_noise[j + 1])
+        x, mean, std, lp = sampler.step(x, j, out[0], noise[j + 1], sde[j])
         chain.append(x)
         means.append(mean)
         stds.append(std)
         logps.append(lp)
+        if xs is None:
+            extra_logps.append(zero)
+            continue
+        out_extra, _ = shared_guided_output(policy, xs, j, z_c, z_u, cfg_scale, cond=cond)
+        xs, _, _, lp_extra = sampler.step(xs, j, out_extra, extra_noise[j + 1], sde[j])
         extra.append(xs)
         extra_logps.append(lp_extra)
     main = (torch.stack(chain), torch.stack(means), torch.stack(stds), torch.stack(logps))
@@ -201,16 +254,19 @@ def chain_log_probs(
 
 class ChainScorer:
     """How the loss scores and draws head chains of one policy: the policy, the guidance scale
-    its rollout sampled with, and the loss's guidance mode (CFG_MODES; params' train.cfg_mode).
-    Built once per batch, so that nothing below the trainer carries the scale or the mode.
+    its rollout sampled with, the loss's guidance mode (CFG_MODES; params' train.cfg_mode)
+    and the rollout's SDE window (Rollout.sde_steps; None: every transition stochastic).
+    Built once per batch, so that nothing below the trainer carries them.
 
     z_c, z_u: [*rows, C] latents of the scored tokens; states [T+1, *rows, D], or
     [T+1, K, *rows, D] for K chains per row that share its latents."""
 
-    def __init__(self, policy: MARPolicy, cfg_scale: float, cfg_mode: str = "guided"):
+    def __init__(self, policy: MARPolicy, cfg_scale: float, cfg_mode: str = "guided",
+                 sde_steps: Sequence[int] | None = None):
         if cfg_mode not in CFG_MODES:
             raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
         self.policy, self.cfg_scale, self.cfg_mode = policy, cfg_scale, cfg_mode
+        self.sde_steps = None if sde_steps is None else tuple(sde_steps)
 
     @property
     def scores_sampling_policy(self) -> bool:
@@ -221,12 +277,17 @@ class ChainScorer:
     def log_probs(self, z_c: torch.Tensor, z_u: torch.Tensor, states: torch.Tensor,
                   head_steps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logp [S, *rows], mean [S, *rows, D], std [S, *rows]) at `head_steps` (chain_log_probs)."""
+        if self.sde_steps is not None and not set(head_steps) <= set(self.sde_steps):
+            raise ValueError(f"head steps {sorted(set(head_steps) - set(self.sde_steps))} are deterministic "
+                             f"under the SDE window {self.sde_steps} and have no log-prob")
         return chain_log_probs(self.policy, z_c, z_u, states, head_steps, self.cfg_scale, self.cfg_mode)
 
-    def sample(self, z_c: torch.Tensor, z_u: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, z_c: torch.Tensor, z_u: torch.Tensor, noise: torch.Tensor,
+               branch_from: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K chains per row drawn with the guided mean, as at rollout (sample_chains):
-        noise [T+1, K, *rows, D] -> (states [T+1, K, *rows, D], logp [T, K, *rows])."""
-        return sample_chains(self.policy, z_c, z_u, noise, self.cfg_scale)
+        noise [T+1, K, *rows, D] -> (states [T+1, K, *rows, D], logp [T, K, *rows]); under
+        an SDE window they branch from `branch_from` [T+1, *rows, D], the rows' rollout chain."""
+        return sample_chains(self.policy, z_c, z_u, noise, self.cfg_scale, self.sde_steps, branch_from)
 
 
 def gather_rows(z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -267,6 +328,7 @@ class RolloutMixin:
         speculative_steps: Sequence[int] = (),
         extra_chains: int = 0,
         extra_chain_steps: Sequence[int] = (),
+        sde_steps: Sequence[int] | None = None,
     ) -> Rollout:
         """One image per prompt (repeat a prompt G times for a group). seeds: [B] int64, one
         per image, from which all its randomness derives (drawn from `generator` when None),
@@ -280,7 +342,11 @@ class RolloutMixin:
         more chains per committed token are drawn from the same latents on the noise streams
         chain_stream(UNCERTAINTY, 0..M-1) and kept on the step (ARStep.extra_chain): the
         chains of method/plan.py's uncertainty map, drawn here because they share the step's
-        transformer pass and the head's conditioning; they never change the image."""
+        transformer pass and the head's conditioning; they never change the image.
+        sde_steps: the SDE window, the head transitions drawn stochastically (None: all);
+        the others take the sampler's deterministic step, and the extra chains branch at
+        the window (sample_chain_with_extras). Recorded on the Rollout, since replaying an
+        image needs it."""
         b = len(prompts)
         seeds = resolve_seeds(seeds, b, generator)
         cond = self.prepare_cond(prompts)
@@ -302,9 +368,9 @@ class RolloutMixin:
                 extra_eps = torch.stack([counter_noise(dev_seeds, i, idx, t1, d, chain_stream(UNCERTAINTY, c))
                                          for c in range(extra_chains)], dim=1)  # [T+1, M, B, n, D]
                 (chain, mean, std, logp), extra = sample_chain_with_extras(self, zi_c, zi_u, eps, extra_eps,
-                                                                           self.cfg_scale)
+                                                                           self.cfg_scale, sde_steps)
             else:
-                chain, mean, std, logp = sample_chain(self, zi_c, zi_u, eps, self.cfg_scale)
+                chain, mean, std, logp = sample_chain(self, zi_c, zi_u, eps, self.cfg_scale, sde_steps)
             rec = ARStep(i, canvas.clone(), known.clone(), idx, chain, mean, std, logp)
             if extra is not None:
                 rec.extra_chain, rec.extra_logp = extra
@@ -314,7 +380,7 @@ class RolloutMixin:
                 rec.spec_idx = rest
                 if rest.shape[1]:
                     sc, _, _, sl = sample_chain(self, gather_rows(z_c, rest), gather_rows(z_u, rest), spec_eps,
-                                                self.cfg_scale)
+                                                self.cfg_scale, sde_steps)
                     scatter_tokens(rec.speculative, rest, sc[-1])
                     rec.spec_chain, rec.spec_logp = sc, sl
             steps.append(rec)
@@ -323,7 +389,7 @@ class RolloutMixin:
             start += n
         return Rollout(prompts=list(prompts), images=self.decode_tokens(canvas), tokens=canvas, steps=steps,
                        seeds=seeds, cfg_scale=self.cfg_scale, temperature=self.temperature, cond=cond,
-                       extras={"order": order})
+                       extras={"order": order}, sde_steps=None if sde_steps is None else tuple(sde_steps))
 
 
 def recompute_log_probs(

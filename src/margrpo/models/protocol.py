@@ -79,6 +79,7 @@ class Rollout:
     temperature: float
     cond: object = None
     extras: dict = field(default_factory=dict)
+    sde_steps: tuple[int, ...] | None = None  # the SDE window (rollout's sde_steps); None: all stochastic
 
     @property
     def batch_size(self) -> int:
@@ -115,6 +116,7 @@ class MARPolicy(Protocol):
         speculative_steps: Sequence[int] = (),
         extra_chains: int = 0,
         extra_chain_steps: Sequence[int] = (),
+        sde_steps: Sequence[int] | None = None,
     ) -> Rollout:
         """Generate one image per prompt (repeat a prompt G times for a group)
         (models/chains.py RolloutMixin.rollout: the arguments)."""

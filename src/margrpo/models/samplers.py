@@ -17,6 +17,13 @@ one scalar std per token and step. All arithmetic in float32.
   the committed token is the final sampled state.
 - Flow-matching SDE (NOVA, Flow-GRPO form): velocity v = eps - x0 with x_sigma =
   (1 - sigma) x0 + sigma eps; all T steps are stochastic, the last one included.
+
+SDE window (MixGRPO, Flow-GRPO-Fast): a chain may take only some transitions
+stochastically and the rest by the sampler's deterministic counterpart, `ode_mean` (the
+Euler step of the probability-flow ODE for the flow head, DDIM with eta = 0 for DDPM),
+which has the same marginals as the stochastic step when the head is exact. A
+deterministic transition has no density: `step(..., stochastic=False)` records std 0 and
+log-prob 0, and no loss may score it (training/trainer.py scores the window only).
 """
 from __future__ import annotations
 
@@ -94,10 +101,20 @@ class GaussianSampler(ABC):
     def q_log_prob(self, states: torch.Tensor) -> torch.Tensor:
         """log q(s_{0:T-1} | s_T) of a chain [T+1, ..., D]; returns [...]."""
 
+    @abstractmethod
+    def ode_mean(self, x: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
+        """Deterministic transition j (the ODE / DDIM step with the same marginals):
+        s_{j+1} from s_j = x and head output `out` [..., D]."""
+
     def step(
-        self, x: torch.Tensor, j: int, out: torch.Tensor, noise: torch.Tensor
+        self, x: torch.Tensor, j: int, out: torch.Tensor, noise: torch.Tensor, stochastic: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One stochastic transition: (x_next, mean, std, log_prob). noise: like x."""
+        """One transition: (x_next, mean, std, log_prob). noise: like x. stochastic=False
+        takes the deterministic step (noise unused; std and log_prob are zeros)."""
+        if not stochastic:
+            mean = self.ode_mean(x, j, out[..., : x.shape[-1]])
+            zeros = torch.zeros(x.shape[:-1], device=x.device)
+            return mean, mean, zeros, zeros
         mean, std = self.transition(x, j, out)
         x_next = mean + per_element_std(std, x) * noise
         return x_next, mean, std, gaussian_log_prob(x_next, mean, std)
@@ -137,6 +154,9 @@ class DDPMSampler(GaussianSampler):
         c_xt = (1.0 - b64).sqrt() * (1.0 - an64) / (1.0 - a64)
         self.k_x = (c_x0 / a64.sqrt() + c_xt).float()
         self.k_eps = (c_x0 * (1.0 - a64).sqrt() / a64.sqrt()).float()
+        # DDIM (eta = 0): s_{j+1} = sqrt(abar') x0_hat + sqrt(1 - abar') eps, folded the same way.
+        self.ode_x = (an64 / a64).sqrt().float()
+        self.ode_eps = ((1.0 - an64).sqrt() - (an64 / a64).sqrt() * (1.0 - a64).sqrt()).float()
 
     def training_pair(self, x0, generator):
         dev = x0.device  # draws on the CPU generator, then moved: the same numbers on every device
@@ -153,6 +173,9 @@ class DDPMSampler(GaussianSampler):
         mean = self.k_x[j] * x - self.k_eps[j] * out
         std = torch.full(x.shape[:-1], float(self.std[j]) * self.temperature, device=x.device)
         return mean, std
+
+    def ode_mean(self, x, j, out):
+        return self.ode_x[j] * x + self.ode_eps[j] * out
 
     def q_chain(self, x0, noise):
         states = [x0]
@@ -213,6 +236,9 @@ class FlowSDESampler(GaussianSampler):
         mean = self.c_x[j] * x + self.c_v[j] * out
         std = torch.full(x.shape[:-1], float(self.std[j]) * self.temperature, device=x.device)
         return mean, std
+
+    def ode_mean(self, x, j, out):
+        return x + self.dt[j] * out  # Euler step of dx/dsigma = v
 
     def _q_coeffs(self, j: int) -> tuple[float, float]:
         # s_j (sigma' = sigmas[j]) from s_{j+1} (sigma = sigmas[j+1] < sigma').

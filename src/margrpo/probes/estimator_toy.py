@@ -73,8 +73,9 @@ class LinearGaussianToy:
             return torch.stack(out)
         return fn
 
-    def sample_fn(self, noise: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Chains under the current theta from noise [T+1, ..., D]."""
+    def sample_fn(self, noise: torch.Tensor, rows: torch.Tensor, branch_from: torch.Tensor | None = None) -> torch.Tensor:
+        """Chains under the current theta from noise [T+1, ..., D] (every transition
+        stochastic: the toy has no SDE window, so branch_from is not read)."""
         x, states = noise[0], [noise[0]]
         for j in range(self.num_steps):
             x, _, _, _ = self.sampler.step(x, j, self.head(x, j, torch.tensor(self.theta)), noise[j + 1])

@@ -33,6 +33,8 @@ _CLIENT = dict.fromkeys(CLIENT_KEYS)
 
 REWARDS: dict[str, Backend] = {
     "world": Backend("margrpo.world.reward:WorldReward", {"mode": WORLD_MODES, "image_size": None}),
+    # the learning ladder's dense single-attribute reward (docs/learning.md)
+    "world_colour": Backend("margrpo.world.colour_reward:ColourShareReward", {"temperature": None}),
     "clipscore": Backend("margrpo.rewards.clipscore:CLIPScoreReward",
                          {"model_path": None, "processor_path": None, "weight_w": None, **_DEVICE}),
     "pickscore": Backend("margrpo.rewards.pickscore:PickScoreReward",

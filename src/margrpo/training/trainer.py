@@ -200,38 +200,58 @@ class Trainer:
         groups = torch.arange(t.prompts_per_step, device=self.device).repeat_interleave(t.group_size)
         return metas, groups
 
-    def plan_steps(self) -> tuple[list[int], list[torch.Tensor]]:
-        """AR steps in the loss (loss_ar_steps of them; all by default) and, per AR step, the
-        head transitions in the loss, drawn from the loss_head_window noisiest ones: the
-        score of a late, low-noise transition scales like 1/std and carries little of the
-        reward (colour and shape are decided early), so it mostly adds variance."""
+    def plan_steps(self) -> tuple[list[int], list[torch.Tensor], tuple[int, ...] | None]:
+        """AR steps in the loss (loss_ar_steps of them; all by default), per AR step the head
+        transitions in the loss [S], and the rollout's SDE window (None: all stochastic).
+
+        Without a window the head transitions are loss_head_steps drawn from the
+        loss_head_window noisiest ones: the score of a late, low-noise transition scales like
+        1/std and carries little of the reward (colour and shape are decided early), so it
+        mostly adds variance. With train.sde_window = W the rollout draws only W consecutive
+        transitions inside those (train.sde_window_mode places them) and the loss scores
+        exactly those: the other transitions are deterministic and carry no score."""
         k_ar, t_head = self.policy.num_ar_steps, self.policy.sampler.num_steps
-        t_head = min(t_head, self.tcfg.loss_head_window or t_head)
+        span = min(t_head, self.tcfg.loss_head_window or t_head)
         n_ar = min(k_ar, self.tcfg.loss_ar_steps or k_ar)
         g = self.gens["plan"]
         ar = sorted(torch.randperm(k_ar, generator=g)[:n_ar].tolist())
-        heads = [torch.randperm(t_head, generator=g)[: self.tcfg.loss_head_steps].sort().values for _ in ar]
-        return ar, heads
+        w = self.tcfg.sde_window
+        if not w:
+            heads = [torch.randperm(span, generator=g)[: self.tcfg.loss_head_steps].sort().values for _ in ar]
+            return ar, heads, None
+        start = self.window_start(span, w, g)
+        window = tuple(range(start, start + w))
+        return ar, [torch.tensor(window) for _ in ar], window
+
+    def window_start(self, span: int, width: int, g: torch.Generator) -> int:
+        """First transition of this step's SDE window of `width` among the `span` eligible ones."""
+        mode = self.tcfg.sde_window_mode
+        if mode == "fixed":
+            return self.tcfg.sde_window_start
+        if mode == "random":
+            return int(torch.randint(span - width + 1, (1,), generator=g))
+        return round((span - width) * self.step / max(1, self.tcfg.steps - 1))  # sliding, noisy -> clean
 
     # ---- the step: collect, then update ------------------------------------------------
     def scorer(self, rollout: Rollout, reference: bool = False) -> ChainScorer:
         """How the loss scores chains of this rollout: the policy (or the KL reference) at
         the rollout's guidance scale, in the loss's guidance mode (train.cfg_mode)."""
-        return ChainScorer(self.ref if reference else self.policy, rollout.cfg_scale, self.tcfg.cfg_mode)
+        return ChainScorer(self.ref if reference else self.policy, rollout.cfg_scale, self.tcfg.cfg_mode,
+                           rollout.sde_steps)
 
     def collect(self) -> Batch:
         """Rollout -> reward -> group advantages -> token plan, at theta_old (no grad)."""
         t0 = time.time()
         metas, groups = self.sample_batch()
         seeds = draw_seeds(self.gens["rollout"], len(metas))  # [B global], the same on every rank
-        ar_steps, head_steps = self.plan_steps()
+        ar_steps, head_steps, sde_steps = self.plan_steps()
         mine = self.world.shard(len(metas))  # whole groups (check_shardable)
         metas, groups = metas[mine], groups[mine]
         self.policy.eval()
         m_unc, unc_steps = uncertainty_chains_needed(self.method, ar_steps)
         rollout = self.policy.rollout([m["prompt"] for m in metas], seeds=seeds[mine],
                                       speculative_steps=speculative_steps_needed(self.method, ar_steps),
-                                      extra_chains=m_unc, extra_chain_steps=unc_steps)
+                                      extra_chains=m_unc, extra_chain_steps=unc_steps, sde_steps=sde_steps)
         t_roll = time.time() - t0
         # The reward scores CPU images (the world's pixel evaluator); rewards, advantages
         # and the loss are float32 on the policy's device.
@@ -248,7 +268,7 @@ class Trainer:
             # Noise is a function of the image seeds (models/noise.py), so the base draws
             # what the policy drew; no trainer generator is touched and training is unchanged.
             with torch.no_grad():
-                base = self.ref.rollout([m["prompt"] for m in metas], seeds=seeds[mine])
+                base = self.ref.rollout([m["prompt"] for m in metas], seeds=seeds[mine], sde_steps=sde_steps)
             base_rewards = self.reward(base.images.cpu(), base.prompts, metas).float().to(self.device)
         return Batch(groups, rollout, rewards, adv, plans, t_roll, base_rewards, monitored)
 

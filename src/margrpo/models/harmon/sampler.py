@@ -60,6 +60,7 @@ class HarmonDDPMSampler(GaussianSampler):
         self.min_log = f(np.log(np.append(post_var[1], post_var[1:])))
         self.max_log = f(np.log(betas))
         self.betas64 = betas
+        self.sqrt_abar_prev, self.sqrt_1m_abar_prev = f(np.sqrt(abar_prev)), f(np.sqrt(1.0 - abar_prev))
 
     def training_pair(self, x0, generator):
         raise NotImplementedError("Harmon's head is loaded from its checkpoint, not pretrained here")
@@ -77,6 +78,13 @@ class HarmonDDPMSampler(GaussianSampler):
         frac = (v + 1) / 2
         log_var = frac * self.max_log[i] + (1 - frac) * self.min_log[i]
         return mean, torch.exp(0.5 * log_var) * self.temperature
+
+    def ode_mean(self, x: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
+        """DDIM (eta = 0) from the epsilon half of the head output."""
+        i = self.num_steps - 1 - j
+        eps = out[..., : x.shape[-1]]
+        x0 = self.sqrt_recip_abar[i] * x - self.sqrt_recipm1_abar[i] * eps
+        return self.sqrt_abar_prev[i] * x0 + self.sqrt_1m_abar_prev[i] * eps
 
     def _q_coeffs(self, j: int) -> tuple[float, float]:
         # Forward step s_j from s_{j+1}: spaced step i = T-1-j adds noise of variance beta_i.

@@ -1,0 +1,90 @@
+"""Learning levers measured against the exact gradient: per-batch cosine of the trainer's
+policy-gradient estimate with the pathwise gradient of the same expected reward.
+
+    .venv/bin/python probes/lever_cosine.py --batches 8 --exact-images 512 \
+        --variant "all-step:" --variant "window2:train.sde_window=2"
+
+The reward is the dense, differentiable colour share (`world_colour`, world/colour_reward.py)
+unless -S rewards=... says otherwise (it must then be differentiable in the pixels). The
+exact gradient of the mean reward over the transformer's weights (the frozen-head methods'
+trained weights) comes from margrpo.probes.pathwise on --exact-images images of the train
+prompts (their own seeds, every head transition stochastic: the sampler the evaluation uses),
+from two halves whose cosine says how exact the reference is. Then per variant (name:
+key=value,..., on top of the -S overrides), --batches training batches are collected with
+the study's trainer and the loss gradient of each (negated: the loss points downhill) is
+compared with it: the mean per-batch cosine (with its standard error over batches), the
+cosine of the batches' sum (what that many steps' updates add up to, before Adam), and the
+seconds per batch (collect + backward). A variant whose estimate aligns better per batch
+needs proportionally fewer steps for the same progress. Prints a markdown table and one
+JSON line per variant.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import torch
+
+from margrpo.cli import params_from_args, script_parser
+from margrpo.jsonl import read_jsonl
+from margrpo.probes.pathwise import pathwise_gradient
+from margrpo.training.gradprobe import flat_grad
+from margrpo.training.trainer import Trainer
+
+DENSE = "rewards=[{name: world_colour}]"
+
+
+def main() -> None:
+    ap = script_parser(__doc__, overrides_help="dotted key=value (all variants)")
+    ap.add_argument("--method", default="grpo_frozen")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--exact-images", type=int, default=512)
+    ap.add_argument("--variant", action="append", required=True, help="name:key=value,key=value")
+    a = ap.parse_args()
+    prompts = read_jsonl("prompts/world_train.jsonl")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    base = params_from_args(a, before=[DENSE])
+    ref = Trainer.from_params(base, a.method, a.seed, prompts)
+    g = torch.Generator().manual_seed(10_000 + a.seed)
+    pick = torch.randint(len(prompts), (a.exact_images,), generator=g).tolist()
+    seeds = torch.randint(0, 2**62, (a.exact_images,), generator=g)
+    t0 = time.time()
+    ref.policy.eval()
+    exact, self_cos = pathwise_gradient(ref.policy, ref.ar_params, ref.reward, [prompts[i] for i in pick], seeds)
+    print(f"exact gradient: {a.exact_images} images, {time.time() - t0:.0f} s; cosine of its two halves "
+          f"{float(self_cos):.3f}", flush=True)
+
+    print("| variant | per-batch cosine | se | cosine of the sum | s per batch |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for v in a.variant:
+        name, _, rest = v.partition(":")
+        params = params_from_args(a, before=[DENSE], after=[x for x in rest.split(",") if x])
+        tr = Trainer.from_params(params, a.method, a.seed, prompts)
+        total, cos, secs = torch.zeros_like(exact), [], []
+        for _ in range(a.batches):
+            t = time.time()
+            batch = tr.collect()
+            tr.compute_grads(batch)
+            secs.append(time.time() - t)
+            est = -flat_grad([p.grad for p in tr.ar_params], tr.ar_params)
+            cos.append(float(torch.nn.functional.cosine_similarity(est, exact, dim=0)))
+            total += est
+        mean = sum(cos) / len(cos)
+        se = (sum((c - mean) ** 2 for c in cos) / max(1, len(cos) - 1) / len(cos)) ** 0.5
+        summed = float(torch.nn.functional.cosine_similarity(total, exact, dim=0))
+        row = {"variant": name, "overrides": rest, "cos": mean, "se": se, "cos_sum": summed,
+               "s_per_batch": sorted(secs)[len(secs) // 2], "batches": a.batches,
+               "exact_images": a.exact_images, "exact_self_cos": float(self_cos)}
+        rows.append(row)
+        print(f"| {name} | {mean:+.3f} | {se:.3f} | {summed:+.3f} | {row['s_per_batch']:.1f} |", flush=True)
+    for row in rows:
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
+                          for k, v in row.items()}))
+
+
+if __name__ == "__main__":
+    main()
