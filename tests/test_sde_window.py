@@ -7,7 +7,7 @@ import torch
 
 from margrpo.config import ParamsError
 from margrpo.method.plan import plan_tokens, speculative_steps_needed, uncertainty_chains_needed
-from margrpo.models.chains import ChainScorer, recompute_log_probs
+from margrpo.models.chains import ChainScorer, gather_rows, guided_output, recompute_log_probs
 from margrpo.models.harmon.sampler import HarmonDDPMSampler
 from margrpo.models.loading import new_model
 from margrpo.models.samplers import DDPMSampler, FlowSDESampler
@@ -50,7 +50,7 @@ def _next_marginal(sampler, j, x0, eps):
 def test_deterministic_step_stays_on_the_noising_path_of_an_exact_head(sampler):
     """With the head output exact for (x0, eps), the ODE / DDIM step maps the state at noise
     level j to the state at level j + 1 of the same (x0, eps): the deterministic step keeps
-    the marginals. A stochastic step records std 0 and log-prob 0 there."""
+    the marginals; it records std 0 and log-prob 0. The clean prediction returns x0."""
     g = torch.Generator().manual_seed(0)
     x0, eps = torch.randn(64, 4, generator=g), torch.randn(64, 4, generator=g)
     for j in (1, 7, 18):
@@ -58,6 +58,7 @@ def test_deterministic_step_stays_on_the_noising_path_of_an_exact_head(sampler):
         x_next, _, std, lp = sampler.step(x, j, out, torch.randn(64, 4, generator=g), stochastic=False)
         assert torch.allclose(x_next, _next_marginal(sampler, j, x0, eps), atol=2e-4), j
         assert not std.any() and not lp.any()
+        assert torch.allclose(sampler.clean_prediction(x, j, out), x0, atol=2e-4), j
 
 
 def test_windowed_rollout_is_deterministic_outside_the_window_and_scores_inside():
@@ -87,18 +88,28 @@ def test_windowed_rollout_is_deterministic_outside_the_window_and_scores_inside(
 
 
 def test_extra_chains_branch_from_the_rollout_chain_at_the_window():
+    """Extra chains share the rollout chain's states up to the window, branch in it, and stop
+    at its end: the states after it hold the clean prediction from the window's last state."""
     torch.manual_seed(0)
     policy = randomize_head(new_model(tiny_params(), VOCAB))
     prompts = [m["prompt"] for m in PROMPTS[:4]]
-    window = (2, 3)
+    window = (1, 2)  # of 4 transitions: branch at state 1, stop at state 3
     ro = policy.rollout(prompts, seeds=torch.arange(4), extra_chains=3, extra_chain_steps=[0, 1], sde_steps=window)
     plain = policy.rollout(prompts, seeds=torch.arange(4), sde_steps=window)
     assert torch.equal(ro.images, plain.images)  # the extra chains never change the image
     st = ro.steps[0]
+    assert st.extra_chain.shape == (5, 3, *st.chain.shape[1:])
     for c in range(3):
-        assert torch.equal(st.extra_chain[: window[0] + 1, c], st.chain[: window[0] + 1])  # shared prefix
-        assert not torch.equal(st.extra_chain[window[0] + 1, c], st.chain[window[0] + 1])  # branched
-    assert not st.extra_logp[: window[0]].any() and (st.extra_logp[list(window)] != 0).all()
+        assert torch.equal(st.extra_chain[:2, c], st.chain[:2])  # shared prefix
+        assert not torch.equal(st.extra_chain[2, c], st.chain[2])  # branched
+    assert not st.extra_logp[[0, 3]].any() and (st.extra_logp[list(window)] != 0).all()
+    with torch.no_grad():  # state 4 (after the window's end, state 3) is the clean prediction from state 3
+        z_c, z_u = policy.encode(ro, 0)
+        zc, zu = gather_rows(z_c, st.commit_idx), gather_rows(z_u, st.commit_idx)
+        for c in range(3):
+            out = guided_output(policy, st.extra_chain[3, c], 3, zc, zu, ro.cfg_scale)
+            clean = policy.sampler.clean_prediction(st.extra_chain[3, c], 3, out)
+            assert torch.allclose(st.extra_chain[4, c], clean, atol=1e-5)
 
 
 def _windowed(method="mar_grpo", **over):

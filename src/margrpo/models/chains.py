@@ -113,6 +113,24 @@ def branch_point(sde_steps: Sequence[int] | None) -> int | None:
     return None if sde_steps is None else min(sde_steps)
 
 
+def window_end(sde_steps: Sequence[int] | None, num_steps: int) -> int:
+    """The state after a window's last stochastic transition (num_steps without a window).
+    Extra chains stop there: what follows is deterministic, so their spread is fixed at
+    that state, and the states after it hold the head's clean prediction from it
+    (GaussianSampler.clean_prediction; one head call instead of the remaining steps). The
+    loss never scores those states: they lie outside the window."""
+    return num_steps if sde_steps is None else max(sde_steps) + 1
+
+
+def _finish_early(sampler, chain: list, logps: list, x: torch.Tensor, j: int, out: torch.Tensor, zero) -> None:
+    """Fill the states j+1..T of extra chains stopped at state j = x (head output `out`
+    there) with their clean prediction, log-probs 0 (window_end)."""
+    clean = sampler.clean_prediction(x, j, out[..., : x.shape[-1]])
+    for _ in range(j, sampler.num_steps):
+        chain.append(clean)
+        logps.append(zero)
+
+
 def sample_chain(
     policy: MARPolicy,
     z_c: torch.Tensor,
@@ -159,11 +177,12 @@ def sample_chains(
     With an SDE window (sde_steps), the K chains branch from `branch_from` [T+1, *rows, D]
     (the rollout chain of the same rows): they copy its states up to the window's first
     transition (branch_point) and draw from there, so no head call is spent on the shared
-    deterministic prefix; logp is 0 on the prefix."""
+    deterministic prefix, and stop at the window's end (window_end); logp is 0 outside the
+    window."""
     sampler = policy.sampler
     k, t = noise.shape[1], sampler.num_steps
     sde = stochastic_steps(sde_steps, t)
-    start = branch_point(sde_steps) or 0
+    start, end = branch_point(sde_steps) or 0, window_end(sde_steps, t)
     if start:
         if branch_from is None:
             raise ValueError("chains under an SDE window branch from the rollout chain: pass branch_from")
@@ -171,9 +190,13 @@ def sample_chains(
     else:
         chain = [noise[0]]
     x = chain[-1]
-    logps = [torch.zeros(noise.shape[1:-1], device=noise.device)] * start
+    zero = torch.zeros(noise.shape[1:-1], device=noise.device)
+    logps = [zero] * start
     for j in range(start, t):
         out, _ = shared_guided_output(policy, x, j, z_c, z_u, cfg_scale)
+        if j == end:
+            _finish_early(sampler, chain, logps, x, j, out, zero)
+            break
         x, _, _, lp = sampler.step(x, j, out, noise[j + 1], sde[j])
         chain.append(x)
         logps.append(lp)
@@ -192,12 +215,12 @@ def sample_chain_with_extras(
     """sample_chain from noise [T+1, *rows, D] (bit for bit) and, from the same latents,
     K more chains (extra_noise [T+1, K, *rows, D]) that share its head conditioning at
     every step; under an SDE window they share its states up to the window's first
-    transition and branch there (sample_chains). Returns (sample_chain's four tensors,
+    transition, branch there and stop at the window's end (sample_chains). Returns (sample_chain's four tensors,
     (chain [T+1, K, *rows, D], logp [T, K, *rows]))."""
     sampler = policy.sampler
     k = extra_noise.shape[1]
     sde = stochastic_steps(sde_steps, sampler.num_steps)
-    start = branch_point(sde_steps) or 0
+    start, end = branch_point(sde_steps) or 0, window_end(sde_steps, sampler.num_steps)
     x = noise[0]
     chain, means, stds, logps, extra_logps = [x], [], [], [], []
     zero = torch.zeros(extra_noise.shape[1:-1], device=extra_noise.device)
@@ -207,13 +230,18 @@ def sample_chain_with_extras(
             extra = [c.unsqueeze(0).expand(k, *c.shape) for c in chain]
             xs = extra[-1]
         out, cond = shared_guided_output(policy, x.unsqueeze(0), j, z_c, z_u, cfg_scale)
+        if xs is not None and j == end:  # the extra chains stop at the window's end
+            out_extra, _ = shared_guided_output(policy, xs, j, z_c, z_u, cfg_scale, cond=cond)
+            _finish_early(sampler, extra, extra_logps, xs, j, out_extra, zero)
+            xs = None
         x, mean, std, lp = sampler.step(x, j, out[0], noise[j + 1], sde[j])
         chain.append(x)
         means.append(mean)
         stds.append(std)
         logps.append(lp)
         if xs is None:
-            extra_logps.append(zero)
+            if j < start:
+                extra_logps.append(zero)
             continue
         out_extra, _ = shared_guided_output(policy, xs, j, z_c, z_u, cfg_scale, cond=cond)
         xs, _, _, lp_extra = sampler.step(xs, j, out_extra, extra_noise[j + 1], sde[j])

@@ -106,6 +106,10 @@ class GaussianSampler(ABC):
         """Deterministic transition j (the ODE / DDIM step with the same marginals):
         s_{j+1} from s_j = x and head output `out` [..., D]."""
 
+    @abstractmethod
+    def clean_prediction(self, x: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
+        """The head's one-step estimate of the clean token from state j = x and output `out`."""
+
     def step(
         self, x: torch.Tensor, j: int, out: torch.Tensor, noise: torch.Tensor, stochastic: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,6 +181,10 @@ class DDPMSampler(GaussianSampler):
     def ode_mean(self, x, j, out):
         return self.ode_x[j] * x + self.ode_eps[j] * out
 
+    def clean_prediction(self, x, j, out):
+        a = self.abar[j]
+        return (x - (1.0 - a).sqrt() * out) / a.sqrt()
+
     def q_chain(self, x0, noise):
         states = [x0]
         for j in range(self.num_steps - 1, -1, -1):  # s_{j} from s_{j+1}
@@ -239,6 +247,9 @@ class FlowSDESampler(GaussianSampler):
 
     def ode_mean(self, x, j, out):
         return x + self.dt[j] * out  # Euler step of dx/dsigma = v
+
+    def clean_prediction(self, x, j, out):
+        return x - self.sigmas[j] * out  # x_sigma = x0 + sigma v
 
     def _q_coeffs(self, j: int) -> tuple[float, float]:
         # s_j (sigma' = sigmas[j]) from s_{j+1} (sigma = sigmas[j+1] < sigma').

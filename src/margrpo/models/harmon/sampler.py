@@ -86,6 +86,10 @@ class HarmonDDPMSampler(GaussianSampler):
         x0 = self.sqrt_recip_abar[i] * x - self.sqrt_recipm1_abar[i] * eps
         return self.sqrt_abar_prev[i] * x0 + self.sqrt_1m_abar_prev[i] * eps
 
+    def clean_prediction(self, x: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
+        i = self.num_steps - 1 - j
+        return self.sqrt_recip_abar[i] * x - self.sqrt_recipm1_abar[i] * out[..., : x.shape[-1]]
+
     def _q_coeffs(self, j: int) -> tuple[float, float]:
         # Forward step s_j from s_{j+1}: spaced step i = T-1-j adds noise of variance beta_i.
         beta = float(self.betas64[self.num_steps - 1 - j])
