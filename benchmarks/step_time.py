@@ -127,7 +127,8 @@ def main() -> None:
         tr.tcfg = tr.tcfg.model_copy(update={"grad_probe_every": 0})
     t = params.train
     print(f"{device} ({a.dtype}, {torch.get_num_threads()} threads); batch: {t.prompts_per_step} prompts x "
-          f"{t.group_size} images; loss on {t.loss_ar_steps or 'all'} AR steps x {t.loss_head_steps} head steps; "
+          f"{t.group_size} images; loss on {t.loss_ar_steps or 'all'} AR steps x "
+          f"{f'an SDE window of {t.sde_window} ({t.sde_window_mode})' if t.sde_window else f'{t.loss_head_steps}'} head steps; "
           f"M={params.num_trajectories}, k={params.k}, tau={params.tau}")
     times: dict[str, list[tuple[float, float, float]]] = {n: [] for n in trainers}
     for s in range(a.steps + 1):

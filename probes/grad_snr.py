@@ -29,7 +29,7 @@ def measure(tr: Trainer, batches: int) -> dict[str, float]:
     sig, noise, cos, secs, ess = [], [], [], [], []
     for _ in range(batches):
         batch = tr.collect()
-        ess += [p.stats["select/ess"] for p in batch.plans if "select/ess" in p.stats]
+        ess += [float(p.draw.ess.mean()) for p in batch.plans if p.draw is not None and p.draw.ess.numel()]
         half = group_halves(batch.groups)
         grads = []
         for w in (half, ~half):

@@ -8,10 +8,10 @@ rung b on params.yaml's own reward. Each (method, seed) trains in
 outputs/ladder/<rung>/<label>/<method>_s<seed>/ with the study's trainer and no held-out
 evaluation; a killed run resumes from its last checkpoint (train.checkpoint_every), and a
 finished one is not retrained. After each run its curve (reward/mean per step) and its
-rise go into reports/ladder/<rung>.json under "<label>/<method>_s<seed>": the rise is the
+rise go into docs/learning/rung_<rung>.json under "<label>/<method>_s<seed>": the rise is the
 mean reward of the last 20% of steps minus that of the first 20% (with the standard error
 of that difference from the steps' spread), the issue's measure. The figure
-reports/ladder/<rung>.png draws every run of the file (10-step moving mean). Prints one
+docs/learning/rung_<rung>.png draws every run of the file (10-step moving mean). Prints one
 line per run.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 
 DENSE = "rewards=[{name: world_colour}]"
-OUT, REPORT = Path("outputs/ladder"), Path("reports/ladder")
+OUT, REPORT = Path("outputs/ladder"), Path("docs/learning")
 
 
 def rise(curve: list[float], frac: float = 0.2) -> tuple[float, float]:
