@@ -18,6 +18,7 @@ from margrpo.models.noise import UNCERTAINTY, chain_stream, resolve_seeds
 from margrpo.models.noise import chain_noise as counter_noise
 from margrpo.models.protocol import ARStep, MARPolicy, Rollout
 from margrpo.models.samplers import gaussian_log_prob
+from margrpo.models.sde_window import branch_point, finish_early, stochastic_steps, window_end
 
 CFG_MODES = ("guided", "guided_full", "cond")
 
@@ -95,42 +96,6 @@ def shared_guided_output(
     return g.reshape(k, *rows, g.shape[-1]), cond
 
 
-def stochastic_steps(sde_steps: Sequence[int] | None, num_steps: int) -> list[bool]:
-    """Per head transition, whether it is drawn stochastically: all of them when sde_steps
-    is None (the SDE chain), else only those listed (the SDE window; the rest take the
-    sampler's deterministic step)."""
-    if sde_steps is None:
-        return [True] * num_steps
-    window = set(sde_steps)
-    return [j in window for j in range(num_steps)]
-
-
-def branch_point(sde_steps: Sequence[int] | None) -> int | None:
-    """The first stochastic transition of a windowed chain (None without a window). Chains
-    drawn from one token's latents under the same window agree on every state up to it: the
-    prefix is the deterministic image of the shared initial state, so extra chains copy it
-    from the rollout chain and branch there."""
-    return None if sde_steps is None else min(sde_steps)
-
-
-def window_end(sde_steps: Sequence[int] | None, num_steps: int) -> int:
-    """The state after a window's last stochastic transition (num_steps without a window).
-    Extra chains stop there: what follows is deterministic, so their spread is fixed at
-    that state, and the states after it hold the head's clean prediction from it
-    (GaussianSampler.clean_prediction; one head call instead of the remaining steps). The
-    loss never scores those states: they lie outside the window."""
-    return num_steps if sde_steps is None else max(sde_steps) + 1
-
-
-def _finish_early(sampler, chain: list, logps: list, x: torch.Tensor, j: int, out: torch.Tensor, zero) -> None:
-    """Fill the states j+1..T of extra chains stopped at state j = x (head output `out`
-    there) with their clean prediction, log-probs 0 (window_end)."""
-    clean = sampler.clean_prediction(x, j, out[..., : x.shape[-1]])
-    for _ in range(j, sampler.num_steps):
-        chain.append(clean)
-        logps.append(zero)
-
-
 def sample_chain(
     policy: MARPolicy,
     z_c: torch.Tensor,
@@ -195,7 +160,7 @@ def sample_chains(
     for j in range(start, t):
         out, _ = shared_guided_output(policy, x, j, z_c, z_u, cfg_scale)
         if j == end:
-            _finish_early(sampler, chain, logps, x, j, out, zero)
+            finish_early(sampler, chain, logps, x, j, out, zero)
             break
         x, _, _, lp = sampler.step(x, j, out, noise[j + 1], sde[j])
         chain.append(x)
@@ -232,7 +197,7 @@ def sample_chain_with_extras(
         out, cond = shared_guided_output(policy, x.unsqueeze(0), j, z_c, z_u, cfg_scale)
         if xs is not None and j == end:  # the extra chains stop at the window's end
             out_extra, _ = shared_guided_output(policy, xs, j, z_c, z_u, cfg_scale, cond=cond)
-            _finish_early(sampler, extra, extra_logps, xs, j, out_extra, zero)
+            finish_early(sampler, extra, extra_logps, xs, j, out_extra, zero)
             xs = None
         x, mean, std, lp = sampler.step(x, j, out[0], noise[j + 1], sde[j])
         chain.append(x)
