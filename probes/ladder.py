@@ -10,7 +10,7 @@ evaluation; a killed run resumes from its last checkpoint (train.checkpoint_ever
 finished one is not retrained. After each run its curve (reward/mean per step) and its
 rise go into docs/learning/rung_<rung>.json under "<label>/<method>_s<seed>": the rise is the
 mean reward of the last 20% of steps minus that of the first 20% (with the standard error
-of that difference from the steps' spread), the issue's measure. The figure
+of that difference from the steps' spread), the ladder's measure. The figure
 docs/learning/rung_<rung>.png draws every run of the file (10-step moving mean). Prints one
 line per run.
 """

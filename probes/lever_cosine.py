@@ -51,7 +51,6 @@ def main() -> None:
     ap.add_argument("--variant", action="append", required=True, help="name:key=value,key=value")
     a = ap.parse_args()
     prompts = read_jsonl("prompts/world_train.jsonl")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
 
     base = params_from_args(a, before=[DENSE])
     ref = Trainer.from_params(base, a.method, a.seed, prompts)

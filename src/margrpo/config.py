@@ -203,14 +203,11 @@ class TrainConfig(Strict):
     loss_head_steps: int = Field(8, ge=1, description="random head steps per AR step in the loss")
     loss_head_window: int = Field(8, ge=0, description="draw the loss head steps from the first N (noisiest) "
                                   "transitions of each chain; 0 = from all of them")
-    sde_window: int = Field(0, ge=0, description="stochastic head transitions per token in training rollouts, "
-                            "a window inside the loss_head_window noisiest; the others are deterministic (ODE) and "
-                            "the loss scores the window's transitions only (loss_head_steps unused); 0 = all stochastic, "
-                            "the paper's SDE chain")
-    sde_window_mode: Literal[SDE_WINDOW_MODES] = Field("random", description="where the window sits each step: "
-                                                       "fixed (at sde_window_start), random (uniform over the eligible "
-                                                       "transitions) or sliding (from the noisiest to the last eligible "
-                                                       "over the run)")
+    sde_window: int = Field(0, ge=0, description="stochastic head transitions per token in training rollouts, inside "
+                            "the loss_head_window noisiest; the rest are deterministic (ODE) and the loss scores the "
+                            "window only; 0 = all stochastic, the paper's chain")
+    sde_window_mode: Literal[SDE_WINDOW_MODES] = Field("random", description="the window's place each step: fixed "
+                                                       "(sde_window_start), random, or sliding from noisy to clean")
     sde_window_start: int = Field(0, ge=0, description="fixed mode: the window's first head transition")
     eval_every: int = Field(10, ge=0, description="held-out evaluation every N training steps (also at step 0 "
                             "and the last step; the best-scoring weights are kept); 0 = only at 0 and the end")
@@ -268,16 +265,14 @@ class Params(Knobs):
                            f"{t.loss_head_steps}, sampling.head_steps={s.head_steps}]",
                            "choose a window in that range, or 0 for all steps")
         span = window or s.head_steps
-        if t.sde_window_mode == "fixed" and t.sde_window and t.sde_window_start + t.sde_window > span:
-            raise problem("train.sde_window_start", f"a window of {t.sde_window} from transition {t.sde_window_start} "
-                          f"ends past the {span} eligible transitions (train.loss_head_window)",
-                          f"start it at most at {span - t.sde_window}")
+        start = t.sde_window_start if t.sde_window_mode == "fixed" else 0  # random / sliding start from 0 up
         for name, m in self.methods.items():
             w = t.sde_window if m.sde_window is None else m.sde_window
             key = "train.sde_window" if m.sde_window is None else f"methods.{name}.sde_window"
-            if w > span:
-                raise problem(key, f"{w} exceeds the {span} eligible head transitions (train.loss_head_window, "
-                              "else sampling.head_steps)", f"use at most {span}, or 0 for all")
+            if w and start + w > span:
+                raise problem(key, f"a window of {w} from transition {start} ends past the {span} eligible head "
+                              "transitions (train.loss_head_window, else sampling.head_steps)",
+                              f"use at most {span - start}, or 0 for all")
             if w and m.estimator in WHOLE_CHAIN_ESTIMATORS:
                 raise problem(key, f"method {name} uses the {m.estimator} estimator, whose chains need every head "
                               f"transition stochastic", f"set methods.{name}.sde_window: 0")

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from margrpo.models import noise as counter_noise
-from margrpo.models.chains import RolloutMixin
+from margrpo.models.rollout import RolloutMixin
 
 class SeededNoise:
     """Token order and head-chain noise of each image from its seed, counter-based

@@ -23,7 +23,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
 from margrpo.models import noise
-from margrpo.models.chains import RolloutMixin
+from margrpo.models.rollout import RolloutMixin
 from margrpo.models.encoder import MAREncoder
 from margrpo.models.head import DiffusionHead
 from margrpo.models.samplers import GaussianSampler, build_sampler

@@ -119,7 +119,7 @@ class MARPolicy(Protocol):
         sde_steps: Sequence[int] | None = None,
     ) -> Rollout:
         """Generate one image per prompt (repeat a prompt G times for a group)
-        (models/chains.py RolloutMixin.rollout: the arguments)."""
+        (models/rollout.py RolloutMixin.rollout: the arguments)."""
         ...
 
     def encode(self, rollout: Rollout, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -104,7 +104,8 @@ class GaussianSampler(ABC):
     @abstractmethod
     def ode_mean(self, x: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
         """Deterministic transition j (the ODE / DDIM step with the same marginals):
-        s_{j+1} from s_j = x and head output `out` [..., D]."""
+        s_{j+1} from s_j = x and head output `out` [..., D'] (a sampler whose output has
+        more channels than the token reads its own)."""
 
     @abstractmethod
     def clean_prediction(self, x: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
@@ -116,7 +117,7 @@ class GaussianSampler(ABC):
         """One transition: (x_next, mean, std, log_prob). noise: like x. stochastic=False
         takes the deterministic step (noise unused; std and log_prob are zeros)."""
         if not stochastic:
-            mean = self.ode_mean(x, j, out[..., : x.shape[-1]])
+            mean = self.ode_mean(x, j, out)
             zeros = torch.zeros(x.shape[:-1], device=x.device)
             return mean, mean, zeros, zeros
         mean, std = self.transition(x, j, out)

@@ -45,7 +45,7 @@ def finish_early(sampler: GaussianSampler, chain: list, logps: list, x: torch.Te
                  zero: torch.Tensor) -> None:
     """Fill the states j+1..T of extra chains stopped at state j = x (head output `out`
     there) with their clean prediction, log-probs 0 (window_end)."""
-    clean = sampler.clean_prediction(x, j, out[..., : x.shape[-1]])
+    clean = sampler.clean_prediction(x, j, out)
     for _ in range(j, sampler.num_steps):
         chain.append(clean)
         logps.append(zero)

@@ -1,5 +1,5 @@
 """Reward "world_colour": a dense, differentiable single-attribute reward for the learning
-ladder's first rung (issue 39, docs/learning.md): the share of an image's ink in the
+ladder's first rung (docs/learning.md): the share of an image's ink in the
 colours its prompt names.
 
 Each pixel is softly assigned to the world's palette (every colour in its plain and its
