@@ -10,7 +10,9 @@ evaluation; a killed run resumes from its last checkpoint (train.checkpoint_ever
 finished one is not retrained. After each run its curve (reward/mean per step) and its
 rise go into docs/learning/rung_<rung>.json under "<label>/<method>_s<seed>": the rise is the
 mean reward of the last 20% of steps minus that of the first 20% (with the standard error
-of that difference from the steps' spread), the ladder's measure. The figure
+of that difference from the steps' spread), the ladder's measure; a run longer than the
+study's own train.steps also records the rise over its first train.steps steps
+("rise_at_study_steps"), which is what rung b asks of the study. The figure
 docs/learning/rung_<rung>.png draws every run of the file (10-step moving mean). Prints one
 line per run.
 """
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--label", default="default", help="names this setting in the report file")
     a = ap.parse_args()
+    study_steps = params_from_args(a).train.steps
     params = params_from_args(a, before=[DENSE] if a.rung == "a" else [], fixed={
         "train.steps": a.steps, "train.eval_every": 0, "train.grad_probe_every": 0})
     prompts = read_jsonl("prompts/world_train.jsonl")
@@ -89,6 +92,9 @@ def main() -> None:
                      "steps": len(curve), "rise": round(up, 4), "rise_se": round(se, 4),
                      "s_per_step": round(sorted(r["time/step"] for r in rows)[len(rows) // 2], 2),
                      "curve": [round(x, 4) for x in curve]}
+        if study_steps < len(curve):
+            r0, s0 = rise(curve[:study_steps])
+            runs[key]["rise_at_study_steps"] = {"steps": study_steps, "rise": round(r0, 4), "rise_se": round(s0, 4)}
         report.write_text(json.dumps(runs, indent=1) + "\n")
         figure(runs, REPORT / f"rung_{a.rung}.png", f"ladder rung {a.rung}: training reward")
         print(f"{key}: reward {sum(curve[:5]) / 5:.3f} -> {sum(curve[-5:]) / 5:.3f}, rise {up:+.3f} ± {se:.3f} "
