@@ -19,11 +19,11 @@ line per run.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
+from margrpo.report.learning import reward_rise
 
 DENSE = "rewards=[{name: world_colour}]"
 OUT, REPORT = Path("outputs/ladder"), Path("docs/learning")
@@ -31,15 +31,8 @@ OUT, REPORT = Path("outputs/ladder"), Path("docs/learning")
 
 def rise(curve: list[float], frac: float = 0.2) -> tuple[float, float]:
     """(mean of the last `frac` of the curve minus the first `frac`, its standard error)."""
-    n = max(1, round(len(curve) * frac))
-    first, last = curve[:n], curve[-n:]
-
-    def mean_var(xs):
-        m = sum(xs) / len(xs)
-        return m, sum((x - m) ** 2 for x in xs) / max(1, len(xs) - 1) / len(xs)
-
-    (m0, v0), (m1, v1) = mean_var(first), mean_var(last)
-    return m1 - m0, math.sqrt(v0 + v1)
+    r = reward_rise([{"r": x} for x in curve], max(1, round(len(curve) * frac)), key="r")
+    return r["rise"], r["se"]
 
 
 def figure(runs: dict, path: Path, title: str) -> None:

@@ -23,6 +23,7 @@ import torch
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.rewards.base import build_reward
+from margrpo.stats import mean_var
 from margrpo.training.trainer import Trainer
 
 KEYS = ("aligned", "geneval_correct", "partial", "colour_share")
@@ -53,11 +54,8 @@ def mean_se(rows: list[dict], key: str) -> tuple[float, float]:
     by_prompt = defaultdict(list)
     for r in rows:
         by_prompt[r["prompt"]].append(r[key])
-    means = [sum(v) / len(v) for v in by_prompt.values()]
-    m = sum(r[key] for r in rows) / len(rows)
-    n = len(means)
-    var = sum((x - sum(means) / n) ** 2 for x in means) / max(1, n - 1)
-    return m, math.sqrt(var / n)
+    _, var, n = mean_var([sum(v) / len(v) for v in by_prompt.values()])
+    return sum(r[key] for r in rows) / len(rows), math.sqrt(var / n)
 
 
 def main() -> None:
