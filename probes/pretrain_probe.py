@@ -4,7 +4,10 @@
         -S model.sampler=flow -S model.flow_shift=3.0
 
 Outside DVC and MLflow: a way to compare samplers and schedules before a pretrain_base run.
-pretrain.decay_steps defaults to steps / 5 here. Every --every steps the EMA model is
+pretrain.decay_steps defaults to steps / 5 here. --init continues from a trained base instead
+of a fresh model (a longer-pretrained base without rerunning the first steps: set pretrain.seed
+to a new value so the continuation draws new scenes, and pretrain.lr / warmup_steps for the
+re-warmed schedule). Every --every steps the EMA model is
 scored on the held-out GenEval-tag prompts (4 images each, evaluate.seed image seeds) and
 on colour following: the share of ink pixels nearest in RGB to the prompted colour for
 "a <colour> square" (16 images per colour; chance is 1 / number of colours). One JSON line
@@ -21,7 +24,7 @@ import torch
 from margrpo.cli import params_from_args, script_parser
 from margrpo.jsonl import read_jsonl
 from margrpo.models.device import place
-from margrpo.models.loading import configure, new_model
+from margrpo.models.loading import configure, load_model, new_model, save_base
 from margrpo.models.pretrain import pretrain
 from margrpo.study import heldout_evaluator
 from margrpo.world.data import WorldBatches
@@ -50,7 +53,8 @@ def main() -> None:
     ap = script_parser(__doc__)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=int, default=1000)
-    ap.add_argument("--save", default=None, help="folder for the final EMA model (save_pretrained)")
+    ap.add_argument("--save", default=None, help="folder for the final EMA model (saved as the committed base is)")
+    ap.add_argument("--init", default=None, help="base model folder to continue from (default: a fresh model)")
     a = ap.parse_args()
     params = params_from_args(a, before=[f"pretrain.steps={a.steps}", f"pretrain.decay_steps={a.steps // 5}"])
     metas = [m for m in read_jsonl("prompts/world_heldout.jsonl") if m.get("tag")]
@@ -66,10 +70,13 @@ def main() -> None:
                **{k.split("/")[-1]: round(v, 3) for k, v in s.items() if k.startswith("eval/geneval/")}}
         print(json.dumps(row), flush=True)
         if step == a.steps and a.save:
-            model.save_pretrained(a.save)
+            save_base(model, a.save)
 
     torch.manual_seed(params.pretrain.seed)
-    model = place(new_model(params, VOCAB), params.runtime.device, params.runtime.dtype)
+    if a.init:
+        model = load_model(a.init, params).requires_grad_(True)
+    else:
+        model = place(new_model(params, VOCAB), params.runtime.device, params.runtime.dtype)
     pretrain(model, params.pretrain, WorldBatches(params.world.image_size), progress=False,
              on_checkpoint=on_checkpoint, checkpoint_every=a.every)
 
