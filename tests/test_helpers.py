@@ -6,7 +6,7 @@ import math
 import pytest
 
 from margrpo.jsonl import JsonlError, read_jsonl, write_jsonl
-from margrpo.stats import aggregate, mean_std, mean_var
+from margrpo.stats import aggregate, expected_max, mean_std, mean_var
 
 
 def test_jsonl_round_trip_skips_blank_lines(tmp_path):
@@ -48,3 +48,19 @@ def test_mean_std_and_var():
 def test_aggregate_skips_non_finite_and_missing():
     agg = aggregate([{"a": 1.0, "b": math.nan}, {"a": 3.0}, {"a": 2.0, "c": math.inf}])
     assert agg["mean"] == {"a": 2.0} and agg["n"] == {"a": 3} and agg["std"]["a"] == pytest.approx(1.0)
+
+
+def test_expected_max_matches_enumeration_and_pass_at_k():
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    xs = [rng.random() for _ in range(7)]
+    for k in range(1, 8):
+        subsets = list(itertools.combinations(xs, k))
+        assert expected_max(xs, k) == pytest.approx(sum(max(s) for s in subsets) / len(subsets))
+    assert expected_max(xs, 1) == pytest.approx(sum(xs) / len(xs))
+    hits = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # c = 2 of n = 8: pass@4 = 1 - C(6,4)/C(8,4)
+    assert expected_max(hits, 4) == pytest.approx(1 - 15 / 70)
+    with pytest.raises(ValueError, match="k=9 with n=8"):
+        expected_max(hits, 9)

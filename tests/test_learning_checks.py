@@ -126,3 +126,47 @@ def test_the_hacking_flag_does_not_fire_on_noise():
 def test_records_without_the_proxy_have_no_proxy_judge_changes():
     old = {0: _evals({"colors": 0.5}, {"colors": 0.3})}
     assert proxy_judge_changes(old) == {} and proxy_judge_changes({0: []}) == {}
+
+
+def _rows(purpose, values):
+    return [{"prompt": purpose, "purpose": purpose, "aligned": v, "geneval_correct": float(v > 0.5)} for v in values]
+
+
+def test_best_of_is_per_group_and_per_purpose():
+    from margrpo.probes.samples import best_of
+
+    rows = _rows("colors", [0.2, 0.9, 0.1, 0.4]) + _rows("position", [0.0, 0.0, 0.0, 0.6])
+    t = best_of(rows, 4)
+    assert [c[0] for c in t["overall"]["aligned"]] == [1, 2, 4]
+    assert t["colors"]["aligned"][0][1] == pytest.approx(0.4)       # k = 1: the mean
+    assert t["colors"]["aligned"][2][1] == pytest.approx(0.9)       # k = 4: the group's best
+    assert t["position"]["geneval_correct"][1][1] == pytest.approx(0.5)  # pass@2 with 1 of 4: 1 - C(3,2)/C(4,2)
+    assert t["overall"]["aligned"][2][1] == pytest.approx(0.75)     # mean of the two groups' best
+    with pytest.raises(ValueError, match="multiple of group 4"):
+        best_of(rows[:5], 4)
+
+
+def test_scored_samples_keep_the_best_image_of_each_group():
+    import torch
+
+    from conftest import tiny_params
+    from margrpo.config import load_params
+    from margrpo.probes.samples import ScoredSamples
+    from margrpo.world.grammar import parse_prompt
+    from margrpo.world.paint import Paint, paint
+
+    size = tiny_params().world.image_size
+    right = paint([Paint("circle", size / 2, size / 2, size / 4, "red")], size=size)
+    blank = torch.ones(3, size, size)
+    prompts = ["a red circle"] * 2 + ["a blue square"] * 2
+    metas = [{"prompt": p, **parse_prompt(p)} for p in prompts]
+    with pytest.raises(ValueError, match="add {name: world} to rewards"):
+        ScoredSamples(tiny_params())
+    s = ScoredSamples(load_params("params.yaml", {"world.image_size": size}), keep_best=2)
+    with pytest.raises(ValueError, match="no kept images"):
+        s.sample(2, torch.Generator().manual_seed(0))
+    aligned = s(torch.stack([blank, right, blank, blank]), prompts, metas)
+    assert float(aligned[1]) > float(aligned[0]) and s.rows[1]["geneval_correct"] == 1.0
+    assert s.best_prompts == ["a red circle", "a blue square"] and torch.equal(s.best_images[0], right)
+    images, drawn = s.sample(8, torch.Generator().manual_seed(0))
+    assert images.shape == (8, 3, size, size) and set(drawn) <= set(prompts)

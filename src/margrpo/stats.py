@@ -36,3 +36,18 @@ def aggregate(runs: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
         if vals:
             mean[k], std[k], n[k] = mean_std(vals)
     return {"mean": mean, "std": std, "n": n}
+
+
+def expected_max(values: Sequence[float], k: int) -> float:
+    """E[max of k draws without replacement] from n samples of one prompt, without bias.
+
+    The i-th smallest of the n values (1-based) is the maximum of C(i-1, k-1) of the C(n, k)
+    k-subsets, so the mean over all subsets is sum_i C(i-1, k-1) x_(i) / C(n, k). On 0/1
+    values it is pass@k, 1 - C(n-c, k) / C(n, k). k = 1 gives the mean.
+    """
+    n = len(values)
+    if not 1 <= k <= n:
+        raise ValueError(f"expected_max needs 1 <= k <= n, got k={k} with n={n} values")
+    xs = sorted(values)
+    total = math.comb(n, k)
+    return sum(math.comb(i - 1, k - 1) * x for i, x in enumerate(xs, start=1) if i >= k) / total
