@@ -64,7 +64,7 @@ def main() -> None:
         if a.pool:
             a.pool.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"images": torch.stack(pool.best_images), "prompts": pool.best_prompts,
-                        "rewards": pool.best_rewards, "made_by": f"{a.init} seed {a.seed} {a.batches}x16x{a.group}"},
+                        "rewards": pool.best_rewards, "made_by": f"{a.init} seed {a.seed} {a.batches}x{params.train.prompts_per_step}x{a.group}"},
                        a.pool)
     torch.manual_seed(params.pretrain.seed)
     model = load_model(a.init, params).requires_grad_(True)

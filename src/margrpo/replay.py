@@ -13,7 +13,7 @@ SHA-256 of the final parameters of each (method, seed).
 Two records compare exactly: a float differs when any bit does (float.hex, so 0.0 and -0.0
 differ too). Both must come from the same number of threads: a CPU reduction splits its work
 by thread count, which changes its rounding. Another CPU model rounds differently too (its
-BLAS kernels pick other instruction paths; measured: relative differences of 1e-7 to 1e-5
+BLAS kernels pick other instruction paths; measured: relative differences of 4e-7 to 1.4e-5
 after two steps), so across machines `differences(..., rtol=...)` compares floats to a
 relative tolerance and leaves the parameter hash out.
 """
